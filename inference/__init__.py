@@ -1,0 +1,1 @@
+"""Inference: audio features, portrait preparation, the shared scheduler, engines and runtimes."""

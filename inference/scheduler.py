@@ -1,0 +1,243 @@
+"""One scheduler shared by every session: micro-batches frame requests into engine calls.
+
+Decisions and execution are kept apart: ``plan_batch`` and ``dispatch_delay`` are pure
+policies (earliest deadline first, drop what cannot be on time, wait a little for a
+batch to fill), and ``Scheduler`` only applies them and runs the engine on one worker
+thread, off the event loop. A dropped request is answered with ``None`` so the session
+repeats its previous frame instead of falling behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inference.engine import Engine, FrameInput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    frame: np.ndarray  # uint8 (H, W, 3) RGB
+    coefficients: np.ndarray  # float32 (K,)
+
+
+@dataclass(eq=False)
+class FrameRequest:
+    input: FrameInput
+    size: int  # frame side: only requests of one size batch together
+    deadline: float  # loop time by which the frame must be ready
+    submitted: float
+    future: asyncio.Future[FrameResult | None] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    run: list[FrameRequest]
+    drop: list[FrameRequest]
+
+
+class RuntimeEstimate:
+    """Moving average of engine seconds per batch, by batch size (for deadlines and capacity)."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self._by_size: dict[tuple[int, int], float] = {}
+
+    def update(self, frame_size: int, batch: int, seconds: float) -> None:
+        key = (frame_size, batch)
+        old = self._by_size.get(key)
+        self._by_size[key] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def seconds(self, frame_size: int, batch: int) -> float:
+        """Estimate for a batch; scales the closest known batch linearly, 0 if none known."""
+        known = [(b, s) for (f, b), s in self._by_size.items() if f == frame_size]
+        if not known:
+            return 0.0
+        b, s = min(known, key=lambda item: abs(item[0] - batch))
+        return s * max(batch, 1) / b if b != batch else s
+
+    def frames_per_second(self, frame_size: int) -> float:
+        rates = [b / s for (f, b), s in self._by_size.items() if f == frame_size and s > 0]
+        return max(rates, default=0.0)
+
+
+def plan_batch(pending: list[FrameRequest], now: float, max_batch: int,
+               estimate: RuntimeEstimate) -> BatchPlan:
+    """Earliest deadline first; the batch takes the most urgent request's frame size.
+
+    A request that would finish after its deadline even if run alone now is dropped.
+    """
+    drop = [r for r in pending
+            if r.future.done() or now + estimate.seconds(r.size, 1) > r.deadline]
+    live = sorted((r for r in pending if r not in drop), key=lambda r: r.deadline)
+    if not live:
+        return BatchPlan(run=[], drop=drop)
+    size = live[0].size
+    run = [r for r in live if r.size == size][:max_batch]
+    finish = now + estimate.seconds(size, len(run))
+    # Shrink the batch rather than make its most urgent member late.
+    while len(run) > 1 and finish > run[0].deadline:
+        run.pop()
+        finish = now + estimate.seconds(size, len(run))
+    return BatchPlan(run=run, drop=drop)
+
+
+def dispatch_delay(pending: list[FrameRequest], now: float, max_batch: int, max_wait: float,
+                   estimate: RuntimeEstimate) -> float:
+    """Seconds to keep collecting before running; 0 means run now.
+
+    Run at once when a full batch is waiting; otherwise wait for others to join, but no
+    longer than ``max_wait`` after the oldest request and never past the point where the
+    most urgent request would miss its deadline.
+    """
+    if not pending:
+        return max_wait
+    urgent = min(pending, key=lambda r: r.deadline)
+    same_size = sum(1 for r in pending if r.size == urgent.size)
+    if same_size >= max_batch:
+        return 0.0
+    oldest = min(r.submitted for r in pending)
+    slack = urgent.deadline - now - estimate.seconds(urgent.size, same_size + 1)
+    return max(0.0, min(oldest + max_wait - now, slack))
+
+
+@dataclass
+class SchedulerStats:
+    batches: int = 0
+    frames: int = 0
+    dropped: int = 0
+    overflow: int = 0
+    last_batch_size: int = 0
+
+
+class Scheduler:
+    """Collects ``FrameRequest``s from all sessions and runs them on one engine."""
+
+    def __init__(self, engine: Engine, *, max_batch: int, max_wait_ms: float,
+                 max_pending: int = 256,
+                 on_batch: Callable[[int, float], None] | None = None,
+                 on_drop: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_pending = max_pending
+        self.estimate = RuntimeEstimate()
+        self.stats = SchedulerStats()
+        self._on_batch = on_batch or (lambda size, seconds: None)
+        self._on_drop = on_drop or (lambda reason: None)
+        self._pending: list[FrameRequest] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._task: asyncio.Task[None] | None = None
+        self.started = asyncio.Event()
+        self.exited = asyncio.Event()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+            await self.started.wait()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for request in self._pending:
+            if not request.future.done():
+                request.future.set_result(None)
+        self._pending.clear()
+        self._executor.shutdown(wait=True)
+
+    async def run_now(self, batch: list[FrameInput]) -> list[FrameResult]:
+        """Run a batch on the engine thread outside the queue (warm-up, offline render)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        output = await loop.run_in_executor(self._executor, self.engine.run, batch)
+        size = self.engine.frame_size(batch[0].slot)
+        self.estimate.update(size, len(batch), loop.time() - start)
+        return [FrameResult(output.frames[i], output.coefficients[i]) for i in range(len(batch))]
+
+    def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[FrameResult | None] = loop.create_future()
+        if len(self._pending) >= self.max_pending:
+            oldest = min(self._pending, key=lambda r: r.submitted)
+            self._pending.remove(oldest)
+            self._finish_dropped(oldest, "overflow")
+            self.stats.overflow += 1
+        size = self.engine.frame_size(frame.slot)
+        self._pending.append(FrameRequest(frame, size, deadline, loop.time(), future))
+        self._wakeup.set()
+        return future
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def capacity_fps(self, frame_size: int) -> float:
+        """Frames per second this engine has sustained at its best batch size so far."""
+        return self.estimate.frames_per_second(frame_size)
+
+    def _finish_dropped(self, request: FrameRequest, reason: str) -> None:
+        if not request.future.done():
+            request.future.set_result(None)
+            self.stats.dropped += 1
+            self._on_drop(reason)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.started.set()
+        try:
+            while True:
+                if not self._pending:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                delay = dispatch_delay(self._pending, loop.time(), self.max_batch,
+                                       self.max_wait, self.estimate)
+                if delay > 0:
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), delay)
+                    except TimeoutError:
+                        pass
+                    continue
+                plan = plan_batch(self._pending, loop.time(), self.max_batch, self.estimate)
+                for request in plan.drop:
+                    self._pending.remove(request)
+                    self._finish_dropped(request, "late")
+                if plan.run:
+                    for request in plan.run:
+                        self._pending.remove(request)
+                    await self._execute(plan.run)
+        finally:
+            self.exited.set()
+
+    async def _execute(self, batch: list[FrameRequest]) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            output = await loop.run_in_executor(
+                self._executor, self.engine.run, [r.input for r in batch])
+        except Exception:
+            log.exception("engine failed on a batch of %d; dropping it", len(batch))
+            for request in batch:
+                self._finish_dropped(request, "error")
+            return
+        seconds = loop.time() - start
+        self.estimate.update(batch[0].size, len(batch), seconds)
+        self.stats.batches += 1
+        self.stats.frames += len(batch)
+        self.stats.last_batch_size = len(batch)
+        self._on_batch(len(batch), seconds)
+        for i, request in enumerate(batch):
+            if not request.future.done():
+                request.future.set_result(
+                    FrameResult(output.frames[i], output.coefficients[i]))

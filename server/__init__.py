@@ -1,0 +1,1 @@
+"""The media server: signalling, sessions, audio ingest, media clock and outbound tracks."""

@@ -1,0 +1,84 @@
+"""Builds the aiohttp application: engine, scheduler, avatars and sessions, in that order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+from aiohttp import web
+
+from inference.engine import FrameInput, Manifest
+from inference.runtimes import create_engine
+from inference.scheduler import Scheduler
+from server.avatars import AvatarStore
+from server.config import REPO_ROOT, Settings
+from server.metrics import Metrics
+from server.peer import pin_host_addresses
+from server.sessions import SessionManager
+from server.signalling import json_errors, routes
+from server.state import ServerState, state_key
+
+log = logging.getLogger(__name__)
+STATIC_DIR = REPO_ROOT / "static"
+
+
+def _warm_librosa() -> None:
+    """librosa compiles with numba on first use (seconds): do it before the first request."""
+    import librosa
+
+    librosa.filters.mel(sr=16000, n_fft=512, n_mels=80)
+    librosa.resample(np.zeros(1600, np.float32), orig_sr=16000, target_sr=8000)
+
+
+async def _warm_up(state: ServerState) -> None:
+    """Load the default avatar and run the engine once per allowed size, so the first
+    session meets a warm engine and the scheduler starts with a runtime estimate."""
+    await state.avatars.load_default()
+    manifest = state.manifest
+    for size in state.settings.video.allowed_sizes:
+        handle = await state.avatars.acquire("astronaut", size)
+        try:
+            for batch in sorted({1, 2, state.settings.scheduler.max_batch}):
+                frame = FrameInput(slot=handle.slot,
+                                   mel=np.full((manifest.window_frames, manifest.features.n_mels),
+                                               np.log10(manifest.features.floor), np.float32),
+                                   knobs=np.ones(2, np.float32), clock=np.zeros(2, np.float32))
+                await state.scheduler.run_now([frame] * batch)
+        finally:
+            state.avatars.release(handle)
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=settings.http.max_body_bytes,
+                          middlewares=[json_errors])
+    app.add_routes(routes)
+    app.router.add_static("/static/", STATIC_DIR)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        pin_host_addresses(settings.ice.host_addresses)
+        manifest = Manifest.load(settings.manifest_path)
+        engine = create_engine(settings.engine.runtime, manifest,
+                               intra_op_threads=settings.engine.intra_op_threads)
+        metrics = Metrics()
+        scheduler = Scheduler(engine, max_batch=settings.scheduler.max_batch,
+                              max_wait_ms=settings.scheduler.max_wait_ms,
+                              max_pending=4 * settings.session.max_sessions + 8,
+                              on_batch=metrics.on_batch, on_drop=metrics.on_drop)
+        avatars = AvatarStore(engine, settings.avatar, settings.video.size)
+        sessions = SessionManager(settings, manifest, scheduler, avatars, metrics)
+        state = ServerState(settings, manifest, engine, scheduler, avatars, sessions, metrics,
+                            STATIC_DIR)
+        app[state_key] = state
+        await scheduler.start()
+        await asyncio.gather(_warm_up(state), asyncio.to_thread(_warm_librosa))
+        log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
+                 settings.engine.runtime, scheduler.capacity_fps(settings.video.size),
+                 settings.video.size, settings.video.size)
+        yield
+        await sessions.close_all()
+        await scheduler.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

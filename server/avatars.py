@@ -1,0 +1,126 @@
+"""Avatars: uploaded portraits, prepared per frame size and kept resident in the engine.
+
+Decoding, face finding and cropping run off the event loop. A prepared portrait is
+uploaded to the engine once per (avatar, size) and shared by every session using it;
+the slot is released when the last of them ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from inference.engine import GEOMETRY_NAMES, Engine, PreparedPortrait
+from inference.portrait import decode_image, load_default_avatar, prepare_portrait
+from server.config import AvatarSettings
+from server.session import AvatarHandle
+
+DEFAULT_AVATAR = "astronaut"
+
+
+class UnknownAvatar(KeyError):
+    pass
+
+
+@dataclass
+class Avatar:
+    avatar_id: str
+    name: str
+    image: np.ndarray  # RGB uint8, as uploaded
+    created: float = field(default_factory=time.time)
+    prepared: dict[int, PreparedPortrait] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        h, w = self.image.shape[:2]
+        geometry = {str(size): {name: round(float(v), 4) for name, v in
+                                zip(GEOMETRY_NAMES, p.geometry, strict=True)}
+                    for size, p in self.prepared.items()}
+        return {"avatar_id": self.avatar_id, "name": self.name, "width": w, "height": h,
+                "created": self.created, "image_url": f"/avatars/{self.avatar_id}/image",
+                "geometry": geometry}
+
+
+class AvatarStore:
+    def __init__(self, engine: Engine, settings: AvatarSettings, default_size: int) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._default_size = default_size
+        self._avatars: dict[str, Avatar] = {}
+        self._slots: dict[tuple[str, int], tuple[int, int]] = {}  # -> (slot, refcount)
+        self._lock = asyncio.Lock()
+
+    async def load_default(self) -> Avatar:
+        image = await asyncio.to_thread(load_default_avatar)
+        return await self._add(DEFAULT_AVATAR, "Astronaut (NASA, public domain)", image)
+
+    async def add_upload(self, data: bytes, name: str | None) -> Avatar:
+        """Validate, decode and prepare an upload; raises ``PortraitError`` on bad input."""
+        avatar_id = hashlib.sha256(data).hexdigest()[:16]
+        if avatar_id in self._avatars:
+            return self._avatars[avatar_id]
+        s = self._settings
+        image = await asyncio.to_thread(decode_image, data, max_side=s.max_side,
+                                        max_pixels=s.max_pixels)
+        return await self._add(avatar_id, name or avatar_id, image)
+
+    async def _add(self, avatar_id: str, name: str, image: np.ndarray) -> Avatar:
+        avatar = Avatar(avatar_id, name, image)
+        # Preparing at the default size finds the face now, so a bad portrait fails here.
+        avatar.prepared[self._default_size] = await asyncio.to_thread(
+            prepare_portrait, image, size=self._default_size,
+            expand_ratio=self._settings.expand_ratio)
+        self._avatars[avatar_id] = avatar
+        self._evict()
+        return avatar
+
+    def _evict(self) -> None:
+        in_use = {avatar_id for avatar_id, _ in self._slots}
+        while len(self._avatars) > self._settings.max_avatars:
+            idle = [a for a in self._avatars.values()
+                    if a.avatar_id not in in_use and a.avatar_id != DEFAULT_AVATAR]
+            if not idle:
+                return
+            del self._avatars[min(idle, key=lambda a: a.created).avatar_id]
+
+    def get(self, avatar_id: str) -> Avatar:
+        try:
+            return self._avatars[avatar_id]
+        except KeyError:
+            raise UnknownAvatar(avatar_id) from None
+
+    def list(self) -> list[dict[str, Any]]:
+        return [a.describe() for a in self._avatars.values()]
+
+    async def acquire(self, avatar_id: str, size: int) -> AvatarHandle:
+        avatar = self.get(avatar_id)
+        async with self._lock:
+            portrait = avatar.prepared.get(size)
+            if portrait is None:
+                portrait = await asyncio.to_thread(
+                    prepare_portrait, avatar.image, size=size,
+                    expand_ratio=self._settings.expand_ratio)
+                avatar.prepared[size] = portrait
+            key = (avatar_id, size)
+            slot, refs = self._slots.get(key, (-1, 0))
+            if refs == 0:
+                slot = self._engine.prepare(portrait)
+            self._slots[key] = (slot, refs + 1)
+        return AvatarHandle(avatar_id, slot, size, portrait.image)
+
+    def release(self, handle: AvatarHandle) -> None:
+        key = (handle.avatar_id, handle.size)
+        slot, refs = self._slots.get(key, (handle.slot, 1))
+        if refs <= 1:
+            self._slots.pop(key, None)
+            self._engine.release(slot)
+        else:
+            self._slots[key] = (slot, refs - 1)
+
+    @property
+    def resident_slots(self) -> int:
+        return len(self._slots)

@@ -1,0 +1,165 @@
+"""A reference aiortc client: sends a WAV as the driving speech, records what comes back.
+
+Tests and benchmarks use it, and so can a bot. Besides the media it records the
+sender reports (RTCP SR) of both returned streams, which map each stream's RTP time to
+the server's wall clock: exactly what a browser uses to play lips and sound together.
+So ``sender_time`` tells when the server meant each frame and each audio chunk to play.
+
+    python -m server.client http://127.0.0.1:8080 speech.wav --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.contrib.media import MediaPlayer
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcp import RtcpSrPacket
+from aiortc.rtcrtpreceiver import RTCRtpReceiver
+
+from server.peer import pin_host_addresses
+
+RATES = {"audio": 48000, "video": 90000}
+
+
+@dataclass
+class Stream:
+    kind: str
+    arrivals: list[float] = field(default_factory=list)
+    pts: list[int] = field(default_factory=list)
+    data: list[np.ndarray] = field(default_factory=list)
+    reports: list[tuple[float, int]] = field(default_factory=list)  # (NTP seconds, RTP ts)
+    rtp_origin: int | None = None
+
+    def sender_times(self) -> np.ndarray:
+        """Server wall-clock (NTP) time of each item, from the latest sender report."""
+        if not self.reports or self.rtp_origin is None:
+            raise RuntimeError(f"no sender report received on the {self.kind} stream")
+        ntp, rtp = self.reports[-1]
+        raw = (self.rtp_origin + np.asarray(self.pts, np.int64)) % (1 << 32)
+        delta = (raw - rtp + (1 << 31)) % (1 << 32) - (1 << 31)
+        return ntp + delta / RATES[self.kind]
+
+
+@dataclass
+class Received:
+    session_id: str
+    video: Stream = field(default_factory=lambda: Stream("video"))
+    audio: Stream = field(default_factory=lambda: Stream("audio"))
+    answer: dict[str, Any] = field(default_factory=dict)
+
+    def video_fps(self) -> float:
+        t = self.video.arrivals
+        return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
+
+
+def _watch_sender_reports(receiver: RTCRtpReceiver, stream: Stream) -> None:
+    handle = receiver._handle_rtcp_packet
+
+    async def recording(packet: Any) -> None:
+        if isinstance(packet, RtcpSrPacket):
+            ntp = packet.sender_info.ntp_timestamp
+            stream.reports.append(((ntp >> 32) + (ntp & 0xFFFFFFFF) / 2**32,
+                                   packet.sender_info.rtp_timestamp))
+        await handle(packet)
+
+    receiver._handle_rtcp_packet = recording  # type: ignore[method-assign]
+
+
+async def _consume(track: MediaStreamTrack, receiver: RTCRtpReceiver, stream: Stream,
+                   keep: bool, stop_at: float) -> None:
+    try:
+        while time.monotonic() < stop_at:
+            frame = await asyncio.wait_for(track.recv(), max(0.01, stop_at - time.monotonic()))
+            stream.arrivals.append(time.monotonic())
+            stream.pts.append(int(frame.pts))
+            if stream.rtp_origin is None:
+                stream.rtp_origin = receiver._RTCRtpReceiver__timestamp_mapper._origin  # type: ignore[attr-defined]
+            if keep:
+                if isinstance(frame, av.VideoFrame):
+                    stream.data.append(frame.to_ndarray(format="rgb24"))
+                else:
+                    samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
+                    stream.data.append(samples[:, 0].copy())
+    except (MediaStreamError, TimeoutError):
+        pass
+
+
+async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | None = None,
+                      options: dict[str, Any] | None = None, keep: bool = True,
+                      hang_up: bool = True) -> Received:
+    """Offer, stream ``wav`` in real time, and record ``seconds`` of what comes back."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    player = MediaPlayer(wav)
+    assert player.audio is not None
+    pc.addTrack(player.audio)
+    pc.addTransceiver("video", direction="recvonly")
+    tracks: list[tuple[MediaStreamTrack, RTCRtpReceiver]] = []
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        receiver = next(t.receiver for t in pc.getTransceivers() if t.receiver.track is track)
+        tracks.append((track, receiver))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    body = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    if avatar:
+        body["avatar"] = avatar
+    if options:
+        body["options"] = options
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{base_url}/offer", json=body) as response:
+                answer = await response.json()
+                if response.status != 200:
+                    raise RuntimeError(f"offer refused: {response.status} {answer}")
+            received = Received(answer["session_id"], answer=answer)
+            for track, receiver in tracks:
+                _watch_sender_reports(receiver, getattr(received, track.kind))
+            await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+            stop_at = time.monotonic() + seconds
+            await asyncio.gather(*(
+                _consume(track, receiver, getattr(received, track.kind), keep, stop_at)
+                for track, receiver in tracks))
+            if hang_up:
+                async with http.delete(f"{base_url}/sessions/{received.session_id}"):
+                    pass
+    finally:
+        await pc.close()
+    return received
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("wav")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--avatar")
+    parser.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
+                        help="offer only these host candidates (default 127.0.0.1 for a "
+                             "loopback server URL)")
+    args = parser.parse_args()
+    hosts = args.ice_host
+    if hosts is None and urlparse(args.url).hostname in ("127.0.0.1", "localhost"):
+        hosts = ["127.0.0.1"]
+    pin_host_addresses(hosts or [])
+    received = asyncio.run(run_session(args.url, args.wav, seconds=args.seconds,
+                                       avatar=args.avatar, keep=False))
+    print(json.dumps({"session_id": received.session_id,
+                      "video_frames": len(received.video.pts),
+                      "audio_frames": len(received.audio.pts),
+                      "video_fps": round(received.video_fps(), 2)}))
+
+
+if __name__ == "__main__":
+    main()

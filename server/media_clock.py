@@ -1,0 +1,58 @@
+"""One clock per session: where every chunk of audio and every video frame sits in time.
+
+The session timeline starts at ``origin`` (loop time). Timeline audio chunk ``k`` covers
+``[k, k+1) * chunk`` of input audio and is read from the ingest buffer when it is due;
+video frame ``i`` shows input time ``i / fps``. Both leave the server exactly
+``delay`` after the input they carry, stamped from the same origin (audio by sample
+count, video by frame index), so lips and sound stay together at the viewer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+AUDIO_RATE = 48000
+VIDEO_RATE = 90000  # RTP clock of video
+
+
+@dataclass(frozen=True)
+class MediaClock:
+    origin: float
+    fps: int
+    delay: float
+    chunk_samples: int = AUDIO_RATE // 50
+
+    @property
+    def chunk_seconds(self) -> float:
+        return self.chunk_samples / AUDIO_RATE
+
+    @property
+    def frame_seconds(self) -> float:
+        return 1.0 / self.fps
+
+    @property
+    def chunks_per_frame(self) -> int:
+        return round(self.frame_seconds / self.chunk_seconds)
+
+    def chunk_due(self, k: int) -> float:
+        """When chunk ``k``'s last sample has had time to arrive."""
+        return self.origin + (k + 1) * self.chunk_seconds
+
+    def audio_send_time(self, k: int) -> float:
+        return self.origin + self.delay + k * self.chunk_seconds
+
+    def video_send_time(self, i: int) -> float:
+        return self.origin + self.delay + i * self.frame_seconds
+
+    def video_index_at(self, t: float) -> int:
+        return max(0, math.ceil((t - self.origin - self.delay) * self.fps))
+
+    def chunk_index_at(self, t: float) -> int:
+        return max(0, math.ceil((t - self.origin - self.delay) / self.chunk_seconds))
+
+    def video_pts(self, i: int) -> int:
+        return i * VIDEO_RATE // self.fps
+
+    def audio_pts(self, k: int) -> int:
+        return k * self.chunk_samples

@@ -1,0 +1,60 @@
+"""Prometheus metrics of one server instance, on a registry of its own (no globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
+
+DELAY_BUCKETS = (0.04, 0.06, 0.08, 0.1, 0.12, 0.14, 0.16, 0.18, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0)
+OFFSET_BUCKETS = (-0.08, -0.04, -0.02, -0.01, -0.005, 0.0, 0.005, 0.01, 0.02, 0.04, 0.08)
+ENGINE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions_active = Gauge("sonic_sessions_active", "Live sessions", registry=r)
+        self.sessions_total = Counter("sonic_sessions", "Sessions created", registry=r)
+        self.sessions_closed = Counter("sonic_sessions_closed", "Sessions closed, by reason",
+                                       ["reason"], registry=r)
+        self.frames_sent = Counter("sonic_video_frames_sent", "Video frames sent", registry=r)
+        self.frames_repeated = Counter(
+            "sonic_video_frames_repeated",
+            "Video frames repeated because the next one was not ready on time", registry=r)
+        self.frames_dropped = Counter("sonic_scheduler_frames_dropped",
+                                      "Frame requests dropped by the scheduler, by reason",
+                                      ["reason"], registry=r)
+        self.batch_size = Histogram("sonic_engine_batch_size", "Frames per engine call",
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.batch_seconds = Histogram("sonic_engine_batch_seconds", "Engine call duration",
+                                       buckets=ENGINE_BUCKETS, registry=r)
+        self.pipeline_delay = Histogram(
+            "sonic_pipeline_delay_seconds", "Audio in (arrival) to video frame out",
+            buckets=DELAY_BUCKETS, registry=r)
+        self.av_offset = Histogram(
+            "sonic_av_offset_seconds",
+            "Video minus audio send-time offset for the same media time", buckets=OFFSET_BUCKETS,
+            registry=r)
+        self.http_errors = Counter("sonic_http_errors", "Requests answered with an error",
+                                   ["status", "code"], registry=r)
+        self.capacity_fps = Gauge("sonic_engine_capacity_fps",
+                                  "Frames/s the engine sustained at its best batch size",
+                                  ["size"], registry=r)
+
+    def on_batch(self, size: int, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.batch_seconds.observe(seconds)
+
+    def on_drop(self, reason: str) -> None:
+        self.frames_dropped.labels(reason=reason).inc()
+
+    def render(self, refresh: Callable[[], None] | None = None) -> bytes:
+        if refresh is not None:
+            refresh()
+        return generate_latest(self.registry)
+
+
+__all__ = ["CONTENT_TYPE", "Metrics"]

@@ -1,0 +1,109 @@
+"""WebRTC peers: ICE settings, offer checks, and wiring one RTCPeerConnection to a session.
+
+The offering peer sends the driving speech on its audio m-line and receives the avatar's
+video and the delayed audio back. ICE is gathered fully before the answer (no trickle).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import aioice.ice
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.rtcrtpsender import RTCRtpSender
+from aiortc.sdp import SessionDescription
+
+from server.config import IceSettings
+from server.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class OfferError(ValueError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def rtc_configuration(ice: IceSettings) -> RTCConfiguration:
+    return RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice.servers])
+
+
+def pin_host_addresses(addresses: list[str]) -> None:
+    """Offer only these host candidates (aioice offers every interface but loopback).
+
+    aioice reads the addresses through one module function, so this is process-wide:
+    it is a server setting applied once at start-up.
+    """
+    if addresses:
+        pinned = list(addresses)
+        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: pinned  # type: ignore
+
+
+def check_offer(sdp: object, kind: object) -> str:
+    """The offer's SDP if it can drive a session; otherwise an ``OfferError`` naming why."""
+    if kind != "offer":
+        raise OfferError("not_an_offer", f'"type" must be "offer", got {kind!r}')
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise OfferError("missing_sdp", '"sdp" must be a non-empty string')
+    if not sdp.lstrip().startswith("v=0"):
+        raise OfferError("malformed_sdp", "SDP must start with v=0")
+    try:
+        parsed = SessionDescription.parse(sdp)
+    except Exception as exc:  # aiortc raises assorted errors on malformed SDP
+        raise OfferError("malformed_sdp", f"SDP could not be parsed: {exc}") from None
+    audio = [m for m in parsed.media if m.kind == "audio" and m.port != 0]
+    video = [m for m in parsed.media if m.kind == "video" and m.port != 0]
+    if not any(m.direction in ("sendrecv", "sendonly") for m in audio):
+        raise OfferError("no_audio", "the offer must send one audio track (the driving speech)")
+    if not any(m.direction in ("sendrecv", "recvonly") for m in video):
+        raise OfferError("no_video", "the offer must ask to receive video")
+    for m in audio + video:
+        if not m.ice.usernameFragment or not m.dtls or not m.dtls.fingerprints:
+            raise OfferError("malformed_sdp", f"{m.kind} m-line lacks ICE credentials or a "
+                             "DTLS fingerprint")
+    return sdp
+
+
+def _prefer_codec(pc: RTCPeerConnection, codec: str) -> None:
+    wanted = f"video/{codec.upper()}"
+    capabilities = RTCRtpSender.getCapabilities("video").codecs
+    preferred = [c for c in capabilities if c.mimeType.upper() == wanted.upper()]
+    if not preferred:
+        return
+    rest = [c for c in capabilities if c not in preferred]
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind == "video":
+            transceiver.setCodecPreferences(preferred + rest)
+
+
+async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: str,
+                       on_gone: Callable[[str], object]) -> RTCPeerConnection:
+    """Answer an offer for ``session``: its audio feeds the session, its receivers get a
+    fresh pair of viewer tracks. ``on_gone(reason)`` is called when the peer leaves."""
+    pc = RTCPeerConnection(rtc_configuration(ice))
+
+    @pc.on("track")
+    def on_track(track: object) -> None:
+        if getattr(track, "kind", None) == "audio":
+            session.add_audio_source(track)  # type: ignore[arg-type]
+
+    @pc.on("connectionstatechange")
+    async def on_state() -> None:
+        state = pc.connectionState
+        session.set_state(state)
+        if state in ("failed", "closed"):
+            on_gone(f"peer connection {state}")
+
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        audio_out, video_out = session.viewer_tracks()
+        pc.addTrack(audio_out)
+        pc.addTrack(video_out)
+        _prefer_codec(pc, codec)
+        await pc.setLocalDescription(await pc.createAnswer())
+    except Exception:
+        await pc.close()
+        raise
+    return pc

@@ -1,0 +1,321 @@
+"""A session: one avatar, its audio sources, its media clock and its viewers' tracks.
+
+Data flows one way: audio sources push into the ingest buffer; the session's timeline
+loop reads one 20 ms chunk per tick, keeps it for the outbound audio, turns it into
+features and, whenever a video frame's feature window is complete, submits that frame
+to the shared scheduler with its deadline. Viewer tracks read frames and chunks by
+index at their clock times. The session knows nothing of batching or of SDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamTrack
+
+from inference.engine import FrameInput, Manifest
+from inference.features import StreamingLogMel
+from inference.scheduler import FrameResult, Scheduler
+from server.audio_ingest import SAMPLE_RATE, AudioIngest, pump_track
+from server.config import SessionSettings
+from server.media_clock import MediaClock
+from server.metrics import Metrics
+from server.tracks import SessionAudioTrack, SessionVideoTrack
+
+log = logging.getLogger(__name__)
+
+KEEP_CHUNKS = 100  # outbound audio kept for late viewers: 2 s
+KEEP_FRAMES = 25
+
+
+class OptionsError(ValueError):
+    """A session option is unknown or out of range."""
+
+
+@dataclass
+class SessionOptions:
+    motion_scale: float = 1.0
+    dynamic_scale: float = 1.0
+
+    RANGES = {"motion_scale": (0.0, 2.0), "dynamic_scale": (0.0, 2.0)}
+
+    def update(self, raw: dict[str, Any]) -> None:
+        """Apply a JSON object of knobs; all-or-nothing, naming the offending field."""
+        if not isinstance(raw, dict):
+            raise OptionsError("options must be a JSON object")
+        changes = {}
+        for key, value in raw.items():
+            if key not in self.RANGES:
+                raise OptionsError(f"unknown option {key!r}; known: {sorted(self.RANGES)}")
+            low, high = self.RANGES[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not low <= value <= high:
+                raise OptionsError(f"option {key}={value!r} must be a number in [{low}, {high}]")
+            changes[key] = float(value)
+        for key, value in changes.items():
+            setattr(self, key, value)
+
+    def knobs(self) -> np.ndarray:
+        return np.array([self.motion_scale, self.dynamic_scale], np.float32)
+
+
+@dataclass(frozen=True)
+class AvatarHandle:
+    """An avatar prepared at one size and resident in the engine."""
+
+    avatar_id: str
+    slot: int
+    size: int
+    idle_frame: np.ndarray
+
+
+def _percentile(values: deque[float], q: float) -> float | None:
+    return float(np.percentile(np.fromiter(values, float), q)) if values else None
+
+
+class Session:
+    def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
+                 settings: SessionSettings, fps: int, manifest: Manifest,
+                 scheduler: Scheduler, metrics: Metrics) -> None:
+        loop = asyncio.get_running_loop()
+        self.id = session_id
+        self.avatar = avatar
+        self.options = options
+        self.settings = settings
+        self.manifest = manifest
+        self.created = time.time()
+        self.state = "new"
+        self.close_reason: str | None = None
+        self.clock = MediaClock(origin=loop.time(), fps=fps,
+                                delay=settings.pipeline_delay_ms / 1000.0)
+        self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
+                                  settings.max_buffer_ms)
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self._features = StreamingLogMel(manifest.features)
+        self._resampler = av.AudioResampler(format="s16", layout="mono",
+                                            rate=manifest.features.sample_rate)
+        self._phase = random.uniform(0.0, 1000.0)
+        self._chunks: dict[int, np.ndarray] = {}
+        self._arrivals: dict[int, float] = {}
+        self._audio_sent: dict[int, float] = {}
+        self._frames: dict[int, asyncio.Future[FrameResult | None]] = {}
+        self._next_frame = 0
+        self._viewers_started = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.Event()
+        self._on_close: list[Callable[[Session], Any]] = []
+        self._coefficients: np.ndarray | None = None
+        # stats
+        self.frames_submitted = 0
+        self.frames_dropped = 0
+        self.frames_sent = 0
+        self.frames_repeated = 0
+        self._sent_times: deque[float] = deque(maxlen=50)
+        self._pipeline_delays: deque[float] = deque(maxlen=500)
+        self._av_offsets: deque[float] = deque(maxlen=500)
+        self._timeline_task = loop.create_task(self._timeline())
+
+    # ---- wiring ---------------------------------------------------------------------
+    @property
+    def is_closed(self) -> bool:
+        return self._closed.is_set()
+
+    def on_close(self, callback: Callable[[Session], Any]) -> None:
+        self._on_close.append(callback)
+
+    def add_audio_source(self, track: MediaStreamTrack) -> None:
+        """Feed an inbound audio track (WebRTC today; HTTP push and WHIP plug in here)."""
+        loop = asyncio.get_running_loop()
+        self._spawn(pump_track(track, self.ingest, loop.time))
+
+    def viewer_tracks(self) -> tuple[SessionAudioTrack, SessionVideoTrack]:
+        """A fresh pair of outbound tracks for one viewer."""
+        return SessionAudioTrack(self), SessionVideoTrack(self)
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+
+    async def close(self, reason: str = "closed") -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.close_reason = reason
+        self.state = "closed"
+        log.info("session %s closed: %s", self.id, reason)
+        self._timeline_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(self._timeline_task, *self._tasks, return_exceptions=True)
+        for future in self._frames.values():
+            future.cancel()
+        self._frames.clear()
+        for callback in self._on_close:
+            result = callback(self)
+            if asyncio.iscoroutine(result):
+                await result
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- the timeline ---------------------------------------------------------------
+    async def _timeline(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.peer_timeout_s
+        k = 0
+        try:
+            while True:
+                due = self.clock.chunk_due(k)
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                now = loop.time()
+                last = self.ingest.last_push
+                if (last is None and now - self.clock.origin > timeout) or \
+                        (last is not None and now - last > timeout):
+                    self._spawn(self.close("peer timeout: no media"))
+                    return
+                self._advance(k)
+                k += 1
+        except asyncio.CancelledError:
+            pass
+
+    def _advance(self, k: int) -> None:
+        samples, arrival = self.ingest.read()
+        self._chunks[k] = samples
+        self._chunks.pop(k - KEEP_CHUNKS, None)
+        if arrival is not None:
+            self._arrivals[k] = arrival
+        self._arrivals.pop(k - KEEP_CHUNKS, None)
+        self._audio_sent.pop(k - KEEP_CHUNKS, None)
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        pcm = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
+        if pcm:
+            self._features.push(np.concatenate(pcm).astype(np.float32) / 32768.0)
+        self._submit_ready_frames()
+
+    def _submit_ready_frames(self) -> None:
+        manifest = self.manifest
+        while True:
+            start = manifest.window_start(self._next_frame)
+            if start + manifest.window_frames > self._features.frames_available:
+                return
+            i = self._next_frame
+            self._next_frame += 1
+            self._features.discard_before(start)
+            if not self._viewers_started:
+                continue  # nobody is watching yet: keep the timeline, skip the compute
+            mel = self._features.window(start, manifest.window_frames)
+            request = FrameInput(
+                slot=self.avatar.slot, mel=mel, knobs=self.options.knobs(),
+                clock=np.array([i / self.clock.fps, self._phase], np.float32))
+            self._frames[i] = self._scheduler.submit(request, self.clock.video_send_time(i))
+            self._frames.pop(i - KEEP_FRAMES, None)
+            self.frames_submitted += 1
+
+    # ---- what viewer tracks read ----------------------------------------------------
+    def video_frame(self, index: int) -> np.ndarray | None:
+        self._viewers_started = True
+        future = self._frames.get(index)
+        if future is None or not future.done() or future.cancelled():
+            return None
+        result = future.result()
+        if result is None:
+            return None
+        self._coefficients = result.coefficients
+        return result.frame
+
+    def idle_frame(self) -> np.ndarray:
+        return self.avatar.idle_frame
+
+    def audio_chunk(self, k: int) -> np.ndarray | None:
+        return self._chunks.get(k)
+
+    def report_audio(self, k: int, sent_at: float) -> None:
+        self._audio_sent.setdefault(k, sent_at)
+
+    def report_video(self, index: int, content_index: int, sent_at: float) -> None:
+        self.frames_sent += 1
+        self._sent_times.append(sent_at)
+        self._metrics.frames_sent.inc()
+        if content_index != index:
+            self.frames_repeated += 1
+            self._metrics.frames_repeated.inc()
+            future = self._frames.get(index)
+            if future is not None and future.done() and not future.cancelled() \
+                    and future.result() is None:
+                self.frames_dropped += 1
+        if content_index < 0:
+            return
+        # Audio chunk carrying the start of this frame's content, on the same timeline.
+        k = content_index * self.clock.chunks_per_frame
+        audio_at = self._audio_sent.get(k)
+        if audio_at is not None:
+            offset = (sent_at - self.clock.video_send_time(content_index)) - \
+                (audio_at - self.clock.audio_send_time(k))
+            self._av_offsets.append(offset)
+            self._metrics.av_offset.observe(offset)
+        arrival = self._arrivals.get(k)
+        if arrival is not None and content_index == index:
+            delay = sent_at - arrival
+            self._pipeline_delays.append(delay)
+            self._metrics.pipeline_delay.observe(delay)
+
+    # ---- stats ----------------------------------------------------------------------
+    def fps(self) -> float:
+        times = self._sent_times
+        if len(times) < 2 or times[-1] == times[0]:
+            return 0.0
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    def stats(self) -> dict[str, Any]:
+        def ms(value: float | None) -> float | None:
+            return None if value is None else round(1000 * value, 1)
+
+        coefficients = None
+        if self._coefficients is not None:
+            coefficients = {name: round(float(v), 3) for name, v in
+                            zip(self.manifest.coefficient_names, self._coefficients,
+                                strict=False)}
+        return {
+            "fps": round(self.fps(), 2),
+            "frames_sent": self.frames_sent,
+            "frames_submitted": self.frames_submitted,
+            "frames_repeated": self.frames_repeated,
+            "frames_dropped": self.frames_dropped,
+            "pipeline_delay_ms": {"p50": ms(_percentile(self._pipeline_delays, 50)),
+                                  "p95": ms(_percentile(self._pipeline_delays, 95))},
+            "av_offset_ms": {"p50": ms(_percentile(self._av_offsets, 50)),
+                             "p95": ms(_percentile(self._av_offsets, 95))},
+            "audio": {"buffer_ms": round(1000 * self.ingest.level / SAMPLE_RATE, 1),
+                      "underruns": self.ingest.stats.underruns,
+                      "dropped_ms": round(1000 * self.ingest.stats.dropped_samples
+                                          / SAMPLE_RATE, 1),
+                      "received_s": round(self.ingest.stats.received_samples
+                                          / SAMPLE_RATE, 2)},
+            "coefficients": coefficients,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "session_id": self.id,
+            "state": self.state,
+            "avatar": self.avatar.avatar_id,
+            "size": self.avatar.size,
+            "created": self.created,
+            "options": {"motion_scale": self.options.motion_scale,
+                        "dynamic_scale": self.options.dynamic_scale},
+            "stats": self.stats(),
+        }

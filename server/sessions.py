@@ -1,0 +1,89 @@
+"""The live sessions of one server: creation, lookup, and clean-up that leaks nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from aiortc import RTCPeerConnection
+
+from inference.engine import Manifest
+from inference.scheduler import Scheduler
+from server.avatars import AvatarStore
+from server.config import Settings
+from server.metrics import Metrics
+from server.session import Session, SessionOptions
+
+log = logging.getLogger(__name__)
+
+
+class AtCapacity(RuntimeError):
+    pass
+
+
+class SessionManager:
+    def __init__(self, settings: Settings, manifest: Manifest, scheduler: Scheduler,
+                 avatars: AvatarStore, metrics: Metrics) -> None:
+        self.settings = settings
+        self.manifest = manifest
+        self.scheduler = scheduler
+        self.avatars = avatars
+        self.metrics = metrics
+        self._sessions: dict[str, Session] = {}
+        self._peers: dict[str, list[RTCPeerConnection]] = {}
+        self._reserved = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def list(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in self._sessions.values()]
+
+    async def create(self, avatar_id: str, size: int, options: SessionOptions) -> Session:
+        """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
+        if len(self._sessions) + self._reserved >= self.settings.session.max_sessions:
+            raise AtCapacity(f"server holds its maximum of "
+                             f"{self.settings.session.max_sessions} sessions")
+        self._reserved += 1
+        try:
+            handle = await self.avatars.acquire(avatar_id, size)
+        finally:
+            self._reserved -= 1
+        session = Session(uuid.uuid4().hex, handle, options,
+                          settings=self.settings.session, fps=self.settings.video.fps,
+                          manifest=self.manifest, scheduler=self.scheduler,
+                          metrics=self.metrics)
+        self._sessions[session.id] = session
+        self._peers[session.id] = []
+        session.on_close(self._forget)
+        self.metrics.sessions_total.inc()
+        self.metrics.sessions_active.set(len(self._sessions))
+        return session
+
+    def add_peer(self, session: Session, pc: RTCPeerConnection) -> None:
+        self._peers.setdefault(session.id, []).append(pc)
+
+    async def _forget(self, session: Session) -> None:
+        self._sessions.pop(session.id, None)
+        peers = self._peers.pop(session.id, [])
+        self.avatars.release(session.avatar)
+        reason = (session.close_reason or "closed").split(":")[0]
+        self.metrics.sessions_closed.labels(reason=reason).inc()
+        self.metrics.sessions_active.set(len(self._sessions))
+        await asyncio.gather(*(pc.close() for pc in peers), return_exceptions=True)
+
+    async def close(self, session_id: str, reason: str) -> bool:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return False
+        await session.close(reason)
+        return True
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(s.close("server shutdown") for s in list(self._sessions.values())),
+                             return_exceptions=True)

@@ -1,0 +1,247 @@
+"""HTTP API: signalling, sessions, avatars, health and metrics.
+
+Every error is JSON ``{"error": <code>, "message": <what is wrong>}`` with a 4xx status
+(5xx only for the server's own faults), and a failed request leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, NoReturn
+
+import cv2
+from aiohttp import web
+
+from inference.portrait import PortraitError
+from server.avatars import DEFAULT_AVATAR, UnknownAvatar
+from server.metrics import CONTENT_TYPE
+from server.peer import OfferError, answer_offer, check_offer
+from server.session import OptionsError, SessionOptions
+from server.sessions import AtCapacity
+from server.state import ServerState, state_key
+
+log = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+
+
+class ApiError(web.HTTPException):
+    """An HTTP error with a JSON body naming the problem."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status_code = status
+        super().__init__(text=json.dumps({"error": code, "message": message}),
+                         content_type="application/json")
+        self.code = code
+
+
+def fail(status: int, code: str, message: str) -> NoReturn:
+    raise ApiError(status, code, message)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Turn aiohttp's own errors (404, 405, 413) into the JSON error shape too."""
+    metrics = request.app[state_key].metrics
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        metrics.http_errors.labels(status=str(exc.status_code), code=exc.code).inc()
+        raise
+    except web.HTTPRequestEntityTooLarge as exc:
+        metrics.http_errors.labels(status="413", code="body_too_large").inc()
+        raise ApiError(413, "body_too_large", f"request body exceeds the limit of "
+                       f"{request.app[state_key].settings.http.max_body_bytes} bytes") from exc
+    except web.HTTPException as exc:
+        if exc.status_code < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_")
+        metrics.http_errors.labels(status=str(exc.status_code), code=code).inc()
+        raise ApiError(exc.status_code, code, f"{request.method} {request.path}: "
+                       f"{exc.reason}") from exc
+
+
+def _state(request: web.Request) -> ServerState:
+    return request.app[state_key]
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        fail(400, "invalid_json", "request body must be a JSON object")
+    if not isinstance(body, dict):
+        fail(400, "invalid_json", "request body must be a JSON object")
+    return body
+
+
+@routes.get("/")
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(_state(request).static_dir / "index.html")
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    state = _state(request)
+    size = state.settings.video.size
+    return web.json_response({
+        "status": "ok",
+        "sessions": len(state.sessions),
+        "model": state.manifest.name,
+        "runtime": state.settings.engine.runtime,
+        "capacity_fps": round(state.scheduler.capacity_fps(size), 1),
+        "frame_size": size,
+    })
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    state = _state(request)
+
+    def refresh() -> None:
+        for size in state.settings.video.allowed_sizes:
+            state.metrics.capacity_fps.labels(size=str(size)).set(
+                state.scheduler.capacity_fps(size))
+
+    body = state.metrics.render(refresh)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+@routes.post("/offer")
+async def offer(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await _json_body(request)
+    try:
+        sdp = check_offer(body.get("sdp"), body.get("type"))
+    except OfferError as exc:
+        fail(400, exc.code, str(exc))
+    avatar_id = body.get("avatar") or DEFAULT_AVATAR
+    if not isinstance(avatar_id, str):
+        fail(400, "invalid_avatar", '"avatar" must be a string avatar id')
+    raw_options = body.get("options") or {}
+    if not isinstance(raw_options, dict):
+        fail(400, "invalid_options", '"options" must be a JSON object')
+    raw_options = dict(raw_options)
+    size = raw_options.pop("size", state.settings.video.size)
+    if size not in state.settings.video.allowed_sizes:
+        fail(400, "invalid_options", f"options.size={size!r} must be one of "
+             f"{state.settings.video.allowed_sizes}")
+    options = SessionOptions(state.settings.session.motion_scale,
+                             state.settings.session.dynamic_scale)
+    try:
+        options.update(raw_options)
+    except OptionsError as exc:
+        fail(400, "invalid_options", str(exc))
+    try:
+        session = await state.sessions.create(avatar_id, int(size), options)
+    except UnknownAvatar:
+        fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
+    except AtCapacity as exc:
+        fail(503, "at_capacity", str(exc))
+
+    def gone(reason: str) -> None:
+        asyncio.get_running_loop().create_task(session.close(reason))
+
+    try:
+        pc = await answer_offer(session, sdp, ice=state.settings.ice,
+                                codec=state.settings.video.codec, on_gone=gone)
+    except Exception as exc:
+        await session.close("offer rejected")
+        log.info("offer rejected: %s", exc)
+        fail(400, "bad_offer", f"the offer could not be answered: {exc}")
+    state.sessions.add_peer(session, pc)
+    return web.json_response({"sdp": pc.localDescription.sdp,
+                              "type": pc.localDescription.type,
+                              "session_id": session.id})
+
+
+@routes.get("/sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    return web.json_response({"sessions": _state(request).sessions.list()})
+
+
+def _session(request: web.Request):  # type: ignore[no-untyped-def]
+    session_id = request.match_info["session_id"]
+    session = _state(request).sessions.get(session_id)
+    if session is None:
+        fail(404, "unknown_session", f"no live session {session_id!r}")
+    return session
+
+
+@routes.get("/sessions/{session_id}")
+async def get_session(request: web.Request) -> web.Response:
+    return web.json_response(_session(request).describe())
+
+
+@routes.patch("/sessions/{session_id}")
+async def update_session(request: web.Request) -> web.Response:
+    session = _session(request)
+    body = await _json_body(request)
+    try:
+        session.options.update(body.get("options", body))
+    except OptionsError as exc:
+        fail(400, "invalid_options", str(exc))
+    return web.json_response(session.describe())
+
+
+@routes.delete("/sessions/{session_id}")
+async def delete_session(request: web.Request) -> web.Response:
+    if not await _state(request).sessions.close(request.match_info["session_id"], "hung up"):
+        fail(404, "unknown_session", f"no live session {request.match_info['session_id']!r}")
+    return web.Response(status=204)
+
+
+@routes.get("/avatars")
+async def list_avatars(request: web.Request) -> web.Response:
+    return web.json_response({"avatars": _state(request).avatars.list(),
+                              "default": DEFAULT_AVATAR})
+
+
+async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
+    if request.content_type.startswith("multipart/"):
+        reader = await request.multipart()
+        async for part in reader:
+            if getattr(part, "filename", None) or part.name in ("image", "file", "portrait"):
+                data = await part.read()  # type: ignore[union-attr]
+                return bytes(data), getattr(part, "filename", None)
+        fail(400, "missing_image", 'multipart upload needs a file part named "image"')
+    data = await request.read()
+    if not data:
+        fail(400, "missing_image", "request body is empty: send a JPEG or PNG")
+    return data, request.query.get("name")
+
+
+@routes.post("/avatars")
+async def upload_avatar(request: web.Request) -> web.Response:
+    data, name = await _upload_bytes(request)
+    try:
+        avatar = await _state(request).avatars.add_upload(data, name)
+    except PortraitError as exc:
+        status = {"image_too_large": 413, "no_face": 422}.get(exc.code, 400)
+        fail(status, exc.code, str(exc))
+    return web.json_response(avatar.describe(), status=201)
+
+
+@routes.get("/avatars/{avatar_id}")
+async def get_avatar(request: web.Request) -> web.Response:
+    try:
+        return web.json_response(_state(request).avatars.get(
+            request.match_info["avatar_id"]).describe())
+    except UnknownAvatar:
+        fail(404, "unknown_avatar", f"no avatar {request.match_info['avatar_id']!r}")
+
+
+@routes.get("/avatars/{avatar_id}/image")
+async def avatar_image(request: web.Request) -> web.Response:
+    """The portrait as the engine sees it (cropped around the face), as PNG."""
+    state = _state(request)
+    try:
+        avatar = state.avatars.get(request.match_info["avatar_id"])
+    except UnknownAvatar:
+        fail(404, "unknown_avatar", f"no avatar {request.match_info['avatar_id']!r}")
+    portrait = next(iter(avatar.prepared.values()))
+    ok, png = cv2.imencode(".png", cv2.cvtColor(portrait.image, cv2.COLOR_RGB2BGR))
+    return web.Response(body=png.tobytes(), content_type="image/png")

@@ -1,0 +1,30 @@
+"""What one running server holds, handed to request handlers through the aiohttp app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from inference.engine import Engine, Manifest
+from inference.scheduler import Scheduler
+from server.avatars import AvatarStore
+from server.config import Settings
+from server.metrics import Metrics
+from server.sessions import SessionManager
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    manifest: Manifest
+    engine: Engine
+    scheduler: Scheduler
+    avatars: AvatarStore
+    sessions: SessionManager
+    metrics: Metrics
+    static_dir: Path
+
+
+state_key: web.AppKey[ServerState] = web.AppKey("state", ServerState)

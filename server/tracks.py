@@ -1,0 +1,117 @@
+"""Outbound aiortc tracks, paced by the session's media clock.
+
+Each viewer gets its own pair of tracks reading the same session, so more viewers only
+add encoders. A track sends item ``n`` at its clock time with a pts from the same
+origin; if it starts late it skips ahead rather than bursting old media.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+from typing import Protocol
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from server.media_clock import AUDIO_RATE, VIDEO_RATE, MediaClock
+
+
+class VideoSource(Protocol):
+    clock: MediaClock
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def video_frame(self, index: int) -> np.ndarray | None:
+        """The rendered frame ``index`` if it is ready, else None."""
+        ...
+
+    def idle_frame(self) -> np.ndarray: ...
+
+    def report_video(self, index: int, content_index: int, sent_at: float) -> None: ...
+
+
+class AudioSource(Protocol):
+    clock: MediaClock
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def audio_chunk(self, k: int) -> np.ndarray | None: ...
+
+    def report_audio(self, k: int, sent_at: float) -> None: ...
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class SessionVideoTrack(MediaStreamTrack):
+    """The avatar's video: frame ``i`` at ``clock.video_send_time(i)``; the last frame is
+    repeated when the next one is not ready in time."""
+
+    kind = "video"
+
+    def __init__(self, source: VideoSource) -> None:
+        super().__init__()
+        self._source = source
+        self._next = 0
+        self._last: np.ndarray | None = None
+        self._last_index = -1
+        self._time_base = fractions.Fraction(1, VIDEO_RATE)
+
+    async def recv(self) -> av.VideoFrame:
+        if self.readyState != "live" or self._source.is_closed:
+            self.stop()
+            raise MediaStreamError
+        clock = self._source.clock
+        loop = asyncio.get_running_loop()
+        index = max(self._next, clock.video_index_at(loop.time()))
+        await _sleep_until(clock.video_send_time(index))
+        frame = self._source.video_frame(index)
+        if frame is not None:
+            self._last, self._last_index = frame, index
+        elif self._last is None:
+            self._last = self._source.idle_frame()
+        self._next = index + 1
+        out = av.VideoFrame.from_ndarray(self._last, format="rgb24")
+        out.pts = clock.video_pts(index)
+        out.time_base = self._time_base
+        self._source.report_video(index, self._last_index, loop.time())
+        return out
+
+
+class SessionAudioTrack(MediaStreamTrack):
+    """The driving audio, delayed by the pipeline delay: chunk ``k`` at
+    ``clock.audio_send_time(k)``; silence keeps the RTP clock running when there is none."""
+
+    kind = "audio"
+
+    def __init__(self, source: AudioSource) -> None:
+        super().__init__()
+        self._source = source
+        self._next = 0
+        self._time_base = fractions.Fraction(1, AUDIO_RATE)
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live" or self._source.is_closed:
+            self.stop()
+            raise MediaStreamError
+        clock = self._source.clock
+        loop = asyncio.get_running_loop()
+        k = max(self._next, clock.chunk_index_at(loop.time()))
+        await _sleep_until(clock.audio_send_time(k))
+        samples = self._source.audio_chunk(k)
+        if samples is None:
+            samples = np.zeros(clock.chunk_samples, np.int16)
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = AUDIO_RATE
+        frame.pts = clock.audio_pts(k)
+        frame.time_base = self._time_base
+        self._next = k + 1
+        self._source.report_audio(k, loop.time())
+        return frame

@@ -1,0 +1,73 @@
+import av
+import numpy as np
+
+from server.audio_ingest import AudioIngest, to_mono_48k
+from server.media_clock import MediaClock
+
+
+def _ingest() -> AudioIngest:
+    return AudioIngest(chunk_samples=960, jitter_ms=40, max_buffer_ms=200)
+
+
+def test_buffer_waits_for_jitter_target_then_streams_in_order():
+    ingest = _ingest()
+    ingest.push(np.arange(960, dtype=np.int16), arrival=1.0)
+    chunk, arrival = ingest.read()
+    assert arrival is None and not chunk.any()  # still filling to 40 ms
+    ingest.push(np.arange(960, 1920, dtype=np.int16), arrival=1.02)
+    chunk, arrival = ingest.read()
+    assert arrival == 1.0 and chunk[0] == 0 and chunk[-1] == 959
+    chunk, arrival = ingest.read()
+    assert arrival == 1.02 and chunk[0] == 960
+
+
+def test_underrun_gives_silence_and_refills():
+    ingest = _ingest()
+    ingest.push(np.ones(1920, np.int16), 0.0)
+    ingest.read(), ingest.read()
+    chunk, arrival = ingest.read()
+    assert arrival is None and not chunk.any()
+    assert ingest.stats.underruns == 1
+
+
+def test_overflow_drops_oldest_down_to_target():
+    ingest = _ingest()
+    for i in range(11):  # 220 ms > 200 ms limit
+        ingest.push(np.full(960, i, np.int16), float(i))
+    assert ingest.level == 1920  # back to the 40 ms target
+    chunk, arrival = ingest.read()
+    assert chunk[0] == 9 and arrival == 9.0
+    assert ingest.stats.dropped_samples == 11 * 960 - 1920
+
+
+def test_stereo_s16_takes_one_channel_without_gain():
+    stereo = np.zeros((1, 1920), np.int16)
+    stereo[0, 0::2] = 1000
+    stereo[0, 1::2] = 1000
+    frame = av.AudioFrame.from_ndarray(stereo, format="s16", layout="stereo")
+    frame.sample_rate = 48000
+    mono, _ = to_mono_48k(frame, None)
+    assert mono.shape == (960,) and (mono == 1000).all()
+
+
+def test_other_rates_are_resampled_to_48k():
+    t = np.arange(1600) / 16000
+    pcm = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16).reshape(1, -1)
+    resampler = None
+    total = 0
+    for _ in range(5):
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+        frame.sample_rate = 16000
+        mono, resampler = to_mono_48k(frame, resampler)
+        total += mono.size
+    assert abs(total - 5 * 4800) <= 64
+
+
+def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():
+    clock = MediaClock(origin=100.0, fps=25, delay=0.14)
+    for i in (0, 1, 250, 90000):
+        k = i * clock.chunks_per_frame
+        assert clock.video_send_time(i) == clock.audio_send_time(k)
+        assert clock.video_pts(i) / 90000 == clock.audio_pts(k) / 48000
+    assert clock.video_index_at(clock.video_send_time(7) - 0.001) == 7
+    assert clock.chunk_index_at(clock.audio_send_time(9) + 0.001) == 10

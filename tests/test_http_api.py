@@ -1,0 +1,185 @@
+"""Bad input gets a clear 4xx JSON error, leaves nothing behind, and disturbs no one else."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import aiohttp
+import cv2
+import numpy as np
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection
+
+from server.client import run_session
+from server.config import REPO_ROOT
+
+
+async def _offer_sdp(audio: bool = True, video: bool = True) -> str:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    if audio:
+        pc.addTransceiver("audio", direction="sendrecv")
+    if video:
+        pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def _png(image: np.ndarray) -> bytes:
+    ok, data = cv2.imencode(".png", image)
+    assert ok
+    return data.tobytes()
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(
+            ">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(
+        b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+async def _expect(http: aiohttp.ClientSession, method: str, url: str, status: int, code: str,
+                  **kwargs) -> dict:
+    async with http.request(method, url, **kwargs) as response:
+        body = await response.json(content_type=None)
+        assert response.status == status, (response.status, body)
+        assert response.content_type == "application/json"
+        assert body["error"] == code and body["message"], body
+        return body
+
+
+async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(server, speech_wav):
+    live = asyncio.create_task(run_session(server.url, str(speech_wav), seconds=8.0, keep=False))
+    await asyncio.sleep(2.0)  # the live session is streaming while the bad requests come in
+    valid = await _offer_sdp()
+    url = server.url
+    async with aiohttp.ClientSession() as http:
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_json", data=b"{not json")
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_json", json=[1, 2])
+        await _expect(http, "POST", f"{url}/offer", 400, "missing_sdp", json={"type": "offer"})
+        await _expect(http, "POST", f"{url}/offer", 400, "not_an_offer",
+                      json={"sdp": valid, "type": "answer"})
+        await _expect(http, "POST", f"{url}/offer", 400, "malformed_sdp",
+                      json={"sdp": "hello world", "type": "offer"})
+        await _expect(http, "POST", f"{url}/offer", 400, "malformed_sdp",
+                      json={"sdp": "v=0\r\nm=audio nonsense\r\n", "type": "offer"})
+        await _expect(http, "POST", f"{url}/offer", 400, "no_audio",
+                      json={"sdp": await _offer_sdp(audio=False), "type": "offer"})
+        await _expect(http, "POST", f"{url}/offer", 400, "no_video",
+                      json={"sdp": await _offer_sdp(video=False), "type": "offer"})
+        await _expect(http, "POST", f"{url}/offer", 404, "unknown_avatar",
+                      json={"sdp": valid, "type": "offer", "avatar": "nobody"})
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_options",
+                      json={"sdp": valid, "type": "offer", "options": {"motion_scale": 9}})
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_options",
+                      json={"sdp": valid, "type": "offer", "options": {"warp": 1}})
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_options",
+                      json={"sdp": valid, "type": "offer", "options": {"size": 300}})
+        await _expect(http, "POST", f"{url}/offer", 413, "body_too_large",
+                      data=b"x" * (9 * 1024 * 1024))
+        await _expect(http, "POST", f"{url}/avatars", 413, "body_too_large",
+                      data=b"x" * (9 * 1024 * 1024))
+        await _expect(http, "POST", f"{url}/avatars", 400, "not_an_image",
+                      data=b"%PDF-1.4 definitely not a portrait")
+        await _expect(http, "POST", f"{url}/avatars", 400, "missing_image", data=b"")
+        grey = np.full((300, 300, 3), 128, np.uint8)
+        await _expect(http, "POST", f"{url}/avatars", 422, "no_face", data=_png(grey))
+        await _expect(http, "POST", f"{url}/avatars", 413, "image_too_large",
+                      data=_png_claiming(100_000, 100_000))
+        form = aiohttp.FormData()
+        form.add_field("image", io.BytesIO(_png(grey)), filename="grey.png")
+        await _expect(http, "POST", f"{url}/avatars", 422, "no_face", data=form)
+        await _expect(http, "PATCH", f"{url}/sessions/nope", 404, "unknown_session", json={})
+        await _expect(http, "DELETE", f"{url}/sessions/nope", 404, "unknown_session")
+        await _expect(http, "GET", f"{url}/no/such/page", 404, "not_found")
+        received = await live
+        assert received.video_fps() >= 24.0, received.video_fps()
+        async with http.get(f"{url}/sessions") as response:
+            assert (await response.json())["sessions"] == []  # nothing leaked
+        async with http.get(f"{url}/avatars") as response:
+            assert [a["avatar_id"] for a in (await response.json())["avatars"]] == ["astronaut"]
+
+
+async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
+    photo = cv2.imread(str(REPO_ROOT / "static" / "avatars" / "astronaut.png"))
+    mirrored = np.ascontiguousarray(photo[:, ::-1])
+    ok, jpeg = cv2.imencode(".jpg", mirrored)
+    async with aiohttp.ClientSession() as http:
+        form = aiohttp.FormData()
+        form.add_field("image", jpeg.tobytes(), filename="mirror.jpg", content_type="image/jpeg")
+        async with http.post(f"{server.url}/avatars", data=form) as response:
+            assert response.status == 201, await response.text()
+            avatar_id = (await response.json())["avatar_id"]
+        async with http.get(f"{server.url}/avatars/{avatar_id}/image") as response:
+            assert response.status == 200 and response.content_type == "image/png"
+    received = await run_session(server.url, str(speech_wav), seconds=3.0, avatar=avatar_id,
+                                 options={"size": 512, "motion_scale": 1.5})
+    assert received.video.data[-1].shape == (512, 512, 3)
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(f"{server.url}/sessions/{received.session_id}") as response:
+            assert response.status == 404  # run_session already hung up
+
+
+async def test_knobs_change_live_and_bad_knobs_are_refused(server, speech_wav):
+    task = asyncio.create_task(run_session(server.url, str(speech_wav), seconds=4.0, keep=False))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(50):
+            async with http.get(f"{server.url}/sessions") as response:
+                sessions = (await response.json())["sessions"]
+            if sessions:
+                break
+            await asyncio.sleep(0.1)
+        session_id = sessions[0]["session_id"]
+        async with http.patch(f"{server.url}/sessions/{session_id}",
+                              json={"motion_scale": 0.5, "dynamic_scale": 0}) as response:
+            assert response.status == 200
+            assert (await response.json())["options"] == {"motion_scale": 0.5,
+                                                          "dynamic_scale": 0.0}
+        await _expect(http, "PATCH", f"{server.url}/sessions/{session_id}", 400,
+                      "invalid_options", json={"motion_scale": "big"})
+    await task
+
+
+@pytest.mark.timeout(60)
+async def test_a_peer_that_vanishes_is_cleaned_up(server, speech_wav):
+    client = subprocess.Popen(
+        [sys.executable, "-m", "server.client", server.url, str(speech_wav), "--seconds", "30"],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    async with aiohttp.ClientSession() as http:
+        try:
+            deadline = time.monotonic() + 20
+            connected = False
+            while time.monotonic() < deadline and not connected:
+                async with http.get(f"{server.url}/sessions") as response:
+                    sessions = (await response.json())["sessions"]
+                connected = any(s["state"] == "connected" for s in sessions)
+                await asyncio.sleep(0.2)
+            assert connected
+        finally:
+            client.send_signal(signal.SIGKILL)  # gone without hanging up
+            client.wait()
+        killed_at = time.monotonic()
+        while time.monotonic() - killed_at < 15:
+            async with http.get(f"{server.url}/sessions") as response:
+                if not (await response.json())["sessions"]:
+                    break
+            await asyncio.sleep(0.25)
+        gone_after = time.monotonic() - killed_at
+        assert gone_after < 10, f"session still listed {gone_after:.1f} s after the peer vanished"
+        async with http.get(f"{server.url}/metrics") as response:
+            assert 'sonic_sessions_closed_total{reason="peer timeout"}' in await response.text()
+        json.dumps(sessions)

@@ -1,0 +1,85 @@
+"""The scheduler's decisions, on plain requests: no engine, no clock but the one we pass."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from inference.engine import FrameInput
+from inference.scheduler import FrameRequest, RuntimeEstimate, dispatch_delay, plan_batch
+
+
+def _request(loop: asyncio.AbstractEventLoop, deadline: float, size: int = 256,
+             submitted: float = 0.0) -> FrameRequest:
+    frame = FrameInput(slot=0, mel=np.zeros((16, 80), np.float32),
+                       knobs=np.ones(2, np.float32), clock=np.zeros(2, np.float32))
+    return FrameRequest(frame, size, deadline, submitted, loop.create_future())
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _estimate(per_frame: float, size: int = 256) -> RuntimeEstimate:
+    estimate = RuntimeEstimate()
+    estimate.update(size, 1, per_frame)
+    return estimate
+
+
+def test_batch_is_earliest_deadline_first_and_capped(loop):
+    pending = [_request(loop, d) for d in (0.5, 0.1, 0.3, 0.2, 0.4)]
+    plan = plan_batch(pending, now=0.0, max_batch=3, estimate=_estimate(0.01))
+    assert [r.deadline for r in plan.run] == [0.1, 0.2, 0.3]
+    assert plan.drop == []
+
+
+def test_request_that_cannot_be_on_time_is_dropped(loop):
+    late, fine = _request(loop, 0.005), _request(loop, 0.5)
+    plan = plan_batch([late, fine], now=0.0, max_batch=8, estimate=_estimate(0.01))
+    assert plan.drop == [late]
+    assert plan.run == [fine]
+
+
+def test_batch_only_mixes_one_frame_size(loop):
+    small, big, small2 = _request(loop, 0.1, 256), _request(loop, 0.2, 512), _request(loop, 0.3)
+    plan = plan_batch([big, small2, small], now=0.0, max_batch=8, estimate=_estimate(0.001))
+    assert plan.run == [small, small2]
+
+
+def test_batch_shrinks_rather_than_make_the_most_urgent_late(loop):
+    urgent = _request(loop, 0.025)
+    others = [_request(loop, 1.0) for _ in range(5)]
+    plan = plan_batch([urgent, *others], now=0.0, max_batch=8, estimate=_estimate(0.01))
+    # 0.01 s per frame: only two frames fit before the urgent deadline.
+    assert plan.run[0] is urgent
+    assert len(plan.run) == 2
+
+
+def test_dispatch_waits_for_a_batch_but_not_past_max_wait(loop):
+    pending = [_request(loop, 1.0, submitted=0.0)]
+    assert dispatch_delay(pending, 0.0, 4, 0.005, _estimate(0.001)) == pytest.approx(0.005)
+    assert dispatch_delay(pending, 0.004, 4, 0.005, _estimate(0.001)) == pytest.approx(0.001)
+    assert dispatch_delay(pending, 0.006, 4, 0.005, _estimate(0.001)) == 0.0
+
+
+def test_dispatch_runs_a_full_batch_at_once(loop):
+    pending = [_request(loop, 1.0) for _ in range(4)]
+    assert dispatch_delay(pending, 0.0, 4, 0.005, _estimate(0.001)) == 0.0
+
+
+def test_dispatch_never_waits_past_the_deadline_slack(loop):
+    pending = [_request(loop, 0.012)]
+    delay = dispatch_delay(pending, 0.0, 4, 0.050, _estimate(0.010))
+    assert delay == pytest.approx(0.0, abs=1e-9) or delay <= 0.012 - 0.020
+
+
+def test_runtime_estimate_scales_from_nearest_batch():
+    estimate = RuntimeEstimate()
+    assert estimate.seconds(256, 4) == 0.0
+    estimate.update(256, 2, 0.010)
+    assert estimate.seconds(256, 4) == pytest.approx(0.020)
+    assert estimate.frames_per_second(256) == pytest.approx(200.0)
+    assert estimate.frames_per_second(512) == 0.0

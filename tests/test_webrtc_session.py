@@ -1,0 +1,108 @@
+"""End to end over real WebRTC on loopback: an aiortc peer sends speech, gets the avatar back."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+from server.client import Received, run_session
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _mouth_box(server, size: int) -> tuple[slice, slice]:
+    geometry = _get(f"{server.url}/avatars/astronaut")["geometry"][str(size)]
+
+    def px(v: float) -> int:
+        return int(round((v + 1) * size / 2))
+
+    half = geometry["mouth_half_width"] * size / 2
+    x, y = px(geometry["mouth_x"]), px(geometry["mouth_y"])
+    return slice(int(y - 0.8 * half), int(y + 1.4 * half)), slice(int(x - 1.3 * half),
+                                                                   int(x + 1.3 * half))
+
+
+def _mouth_signal(received: Received, box: tuple[slice, slice]) -> np.ndarray:
+    """How far each frame's mouth region is from the resting mouth (first frame)."""
+    frames = [f[box].astype(np.float32).mean(axis=2) for f in received.video.data]
+    rest = frames[0]
+    return np.array([np.abs(f - rest).mean() for f in frames])
+
+
+def _audio_envelope_at(received: Received, times: np.ndarray) -> np.ndarray:
+    audio = received.audio
+    starts = audio.sender_times()
+    rms = np.array([np.sqrt(np.mean(d.astype(np.float32) ** 2)) for d in audio.data])
+    centres = starts + np.array([len(d) for d in audio.data]) / 48000 / 2
+    return np.interp(times, centres, rms)
+
+
+def _best_lag_frames(video: np.ndarray, audio: np.ndarray, max_lag: int = 6) -> float:
+    """Lag (in frames, positive = video late) maximising correlation, refined to sub-frame."""
+    v = (video - video.mean()) / (video.std() + 1e-9)
+    a = (audio - audio.mean()) / (audio.std() + 1e-9)
+    lags = np.arange(-max_lag, max_lag + 1)
+    n = len(v)
+    scores = np.array([np.mean(v[max(0, k):n + min(0, k)] * a[max(0, -k):n - max(0, k)])
+                       for k in lags])
+    best = int(np.argmax(scores))
+    if 0 < best < len(lags) - 1:
+        y0, y1, y2 = scores[best - 1:best + 2]
+        denom = y0 - 2 * y1 + y2
+        return float(lags[best] + (0.5 * (y0 - y2) / denom if denom else 0.0))
+    return float(lags[best])
+
+
+@pytest.fixture(scope="module")
+def received(server, speech_wav) -> Received:
+    import asyncio
+
+    return asyncio.run(run_session(server.url, str(speech_wav), seconds=11.0))
+
+
+def test_video_arrives_at_25_fps(received):
+    assert received.video_fps() >= 24.0, received.video_fps()
+    assert len(received.video.data) >= 24 * 10
+
+
+def test_returned_audio_is_the_driving_speech(received):
+    rms = np.array([np.sqrt(np.mean(d.astype(np.float32) ** 2)) for d in received.audio.data])
+    assert rms.max() > 500  # speech came back ...
+    assert np.percentile(rms, 10) < 30  # ... and so did the pauses
+
+
+def test_mouth_moves_with_speech_and_rests_in_silence(server, received):
+    box = _mouth_box(server, received.video.data[0].shape[0])
+    mouth = _mouth_signal(received, box)
+    envelope = _audio_envelope_at(received, received.video.sender_times())
+    speaking = envelope > 0.2 * envelope.max()
+    quiet = envelope < 0.02 * envelope.max()
+    assert speaking.sum() > 50 and quiet.sum() > 50
+    assert mouth[speaking].mean() > 3 * mouth[quiet].mean(), (
+        mouth[speaking].mean(), mouth[quiet].mean())
+    assert np.percentile(mouth[speaking], 90) > 8.0  # the mouth visibly opens
+
+
+def test_lips_and_sound_are_within_one_frame(server, received):
+    box = _mouth_box(server, received.video.data[0].shape[0])
+    times = received.video.sender_times()
+    mouth = _mouth_signal(received, box)
+    envelope = _audio_envelope_at(received, times)
+    lag = _best_lag_frames(mouth, envelope)
+    assert abs(lag) <= 1.0, f"video is {lag * 40:.0f} ms off the audio"
+
+
+def test_session_reports_pipeline_delay_and_av_offset(server, received):
+    # The session is gone after hang-up; its figures went to the metrics.
+    text = urllib.request.urlopen(f"{server.url}/metrics", timeout=5).read().decode()
+    assert "sonic_pipeline_delay_seconds_count" in text
+    count = [line for line in text.splitlines()
+             if line.startswith("sonic_pipeline_delay_seconds_count")]
+    assert float(count[0].split()[-1]) > 100
+    assert "sonic_av_offset_seconds_bucket" in text
