@@ -72,6 +72,14 @@ class Manifest:
     def lookahead_ms(self) -> float:
         return 1000.0 * self.lookahead_frames * self.features.hop_length / self.features.sample_rate
 
+    @property
+    def frame_latency_s(self) -> float:
+        """From the start of a video frame's audio until its feature window is complete:
+        the frame itself, the look-ahead, and the last FFT's reach past its hop."""
+        spec = self.features
+        reach = (spec.n_fft - spec.hop_length) / 2 / spec.sample_rate
+        return 1.0 / self.fps + self.lookahead_ms / 1000.0 + reach
+
     def window_start(self, frame_index: int) -> int:
         """First mel frame of video frame ``frame_index``'s window (may be negative)."""
         end = (frame_index + 1) * self.mel_frames_per_video_frame + self.lookahead_frames

@@ -17,7 +17,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from inference.engine import Engine, FrameInput, Manifest
+from inference.engine import Engine, FrameInput
 from inference.features import log_mel
 from inference.portrait import PortraitError, decode_image, load_default_avatar, prepare_portrait
 from inference.runtimes import create_engine
@@ -69,8 +69,8 @@ def render(audio_path: str | Path, out_path: str | Path, *, image: np.ndarray, s
            manifest_path: str | Path = DEFAULT_MANIFEST, motion_scale: float = 1.0,
            dynamic_scale: float = 1.0) -> int:
     """Render to ``out_path``; returns the number of video frames written."""
-    manifest = Manifest.load(manifest_path)
-    engine = create_engine(runtime, manifest)
+    engine = create_engine(runtime, manifest_path)
+    manifest = engine.manifest
     slot = engine.prepare(prepare_portrait(image, size=size, expand_ratio=expand_ratio))
     samples = read_audio(audio_path, manifest.features.sample_rate)
     speech_48k = read_audio(audio_path, 48000)

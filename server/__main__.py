@@ -12,7 +12,8 @@ from server.config import parse_args
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aioice").setLevel(logging.WARNING)
     logging.getLogger("aiortc").setLevel(logging.WARNING)
     web.run_app(create_app(settings), host=settings.http.host, port=settings.http.port,

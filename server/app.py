@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 import numpy as np
 from aiohttp import web
 
-from inference.engine import FrameInput, Manifest
+from inference.engine import FrameInput
 from inference.runtimes import create_engine
 from inference.scheduler import Scheduler
 from server.avatars import AvatarStore
-from server.config import REPO_ROOT, Settings
+from server.config import REPO_ROOT, ConfigError, Settings
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager
@@ -58,9 +58,15 @@ def create_app(settings: Settings) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
-        manifest = Manifest.load(settings.manifest_path)
-        engine = create_engine(settings.engine.runtime, manifest,
+        engine = create_engine(settings.engine.runtime, settings.manifest_path,
                                intra_op_threads=settings.engine.intra_op_threads)
+        manifest = engine.manifest
+        needed_ms = 1000 * manifest.frame_latency_s + 20  # + one timeline chunk
+        if settings.session.pipeline_delay_ms < needed_ms + 10:
+            raise ConfigError(
+                f"session.pipeline_delay_ms={settings.session.pipeline_delay_ms} leaves no time "
+                f"to render: {manifest.name} needs its audio {needed_ms:.0f} ms after a frame "
+                f"starts; give at least {needed_ms + 10:.0f} ms")
         metrics = Metrics()
         scheduler = Scheduler(engine, max_batch=settings.scheduler.max_batch,
                               max_wait_ms=settings.scheduler.max_wait_ms,

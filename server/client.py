@@ -24,7 +24,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.rtcp import RtcpSrPacket
+from aiortc.rtp import RtcpSrPacket
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
 from server.peer import pin_host_addresses
@@ -124,8 +124,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                 if response.status != 200:
                     raise RuntimeError(f"offer refused: {response.status} {answer}")
             received = Received(answer["session_id"], answer=answer)
-            for track, receiver in tracks:
-                _watch_sender_reports(receiver, getattr(received, track.kind))
+            for transceiver in pc.getTransceivers():
+                _watch_sender_reports(transceiver.receiver, getattr(received, transceiver.kind))
             await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
             stop_at = time.monotonic() + seconds
             await asyncio.gather(*(

@@ -77,9 +77,9 @@ class SchedulerSettings:
 
 @dataclass
 class SessionSettings:
-    pipeline_delay_ms: float = 140.0
+    pipeline_delay_ms: float = 130.0
     """Audio in to frame out: the outbound audio is the input delayed by exactly this."""
-    jitter_ms: float = 40.0
+    jitter_ms: float = 30.0
     """Inbound audio held back to absorb network jitter before it enters the clock."""
     max_buffer_ms: float = 300.0
     """Inbound audio beyond this is dropped (sender clock faster than ours)."""
@@ -233,4 +233,5 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         raise  # unreachable: parser.error exits
 
 
-__all__ = ["ConfigError", "Settings", "load_settings", "parse_args", "settings_as_dict", "REPO_ROOT"]
+__all__ = ["REPO_ROOT", "ConfigError", "Settings", "load_settings", "parse_args",
+           "settings_as_dict"]

@@ -113,6 +113,7 @@ class Session:
         self._viewers_started = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        self._close_task: asyncio.Task[None] | None = None
         self._on_close: list[Callable[[Session], Any]] = []
         self._coefficients: np.ndarray | None = None
         # stats
@@ -145,6 +146,11 @@ class Session:
     def set_state(self, state: str) -> None:
         self.state = state
 
+    def close_soon(self, reason: str) -> None:
+        """Close from a callback or from the session's own tasks."""
+        if self._close_task is None:
+            self._close_task = asyncio.get_running_loop().create_task(self.close(reason))
+
     async def close(self, reason: str = "closed") -> None:
         if self._closed.is_set():
             return
@@ -152,10 +158,10 @@ class Session:
         self.close_reason = reason
         self.state = "closed"
         log.info("session %s closed: %s", self.id, reason)
-        self._timeline_task.cancel()
-        for task in list(self._tasks):
+        tasks = [t for t in (self._timeline_task, *self._tasks) if t is not asyncio.current_task()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(self._timeline_task, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for future in self._frames.values():
             future.cancel()
         self._frames.clear()
@@ -184,7 +190,7 @@ class Session:
                 last = self.ingest.last_push
                 if (last is None and now - self.clock.origin > timeout) or \
                         (last is not None and now - last > timeout):
-                    self._spawn(self.close("peer timeout: no media"))
+                    self.close_soon("peer timeout: no media")
                     return
                 self._advance(k)
                 k += 1
@@ -221,9 +227,15 @@ class Session:
             request = FrameInput(
                 slot=self.avatar.slot, mel=mel, knobs=self.options.knobs(),
                 clock=np.array([i / self.clock.fps, self._phase], np.float32))
-            self._frames[i] = self._scheduler.submit(request, self.clock.video_send_time(i))
+            future = self._scheduler.submit(request, self.clock.video_send_time(i))
+            future.add_done_callback(self._count_drop)
+            self._frames[i] = future
             self._frames.pop(i - KEEP_FRAMES, None)
             self.frames_submitted += 1
+
+    def _count_drop(self, future: asyncio.Future[FrameResult | None]) -> None:
+        if not future.cancelled() and future.result() is None:
+            self.frames_dropped += 1
 
     # ---- what viewer tracks read ----------------------------------------------------
     def video_frame(self, index: int) -> np.ndarray | None:
@@ -253,10 +265,6 @@ class Session:
         if content_index != index:
             self.frames_repeated += 1
             self._metrics.frames_repeated.inc()
-            future = self._frames.get(index)
-            if future is not None and future.done() and not future.cancelled() \
-                    and future.result() is None:
-                self.frames_dropped += 1
         if content_index < 0:
             return
         # Audio chunk carrying the start of this frame's content, on the same timeline.

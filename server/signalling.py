@@ -6,7 +6,6 @@ Every error is JSON ``{"error": <code>, "message": <what is wrong>}`` with a 4xx
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any, NoReturn
@@ -142,12 +141,9 @@ async def offer(request: web.Request) -> web.Response:
     except AtCapacity as exc:
         fail(503, "at_capacity", str(exc))
 
-    def gone(reason: str) -> None:
-        asyncio.get_running_loop().create_task(session.close(reason))
-
     try:
         pc = await answer_offer(session, sdp, ice=state.settings.ice,
-                                codec=state.settings.video.codec, on_gone=gone)
+                                codec=state.settings.video.codec, on_gone=session.close_soon)
     except Exception as exc:
         await session.close("offer rejected")
         log.info("offer rejected: %s", exc)

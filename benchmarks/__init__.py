@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures (see BENCHMARKS.md), not timed tests."""

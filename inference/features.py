@@ -1,0 +1,145 @@
+"""Log-mel features, computed incrementally as audio arrives.
+
+The host feeds every session's audio through :class:`StreamingLogMel` in small chunks
+(20 ms) and slices per-video-frame windows out of it, so the work per chunk is only the
+mel frames that chunk completed. :func:`log_mel` gives the same numbers offline (tests,
+tools, training data), because both share one framing rule:
+
+mel frame ``j`` is centred on sample ``j * hop + hop // 2`` and covers
+``[j * hop + hop // 2 - n_fft // 2, j * hop + hop // 2 + n_fft // 2)``; samples before
+0 are zeros. Frame ``j`` therefore describes the 10 ms hop ``[j * hop, (j + 1) * hop)``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from inference.engine import FeatureSpec
+
+
+@lru_cache(maxsize=8)
+def _tables(spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(periodic hann window, mel matrix transposed to (n_fft // 2 + 1, n_mels)), cached."""
+    import librosa  # imported lazily: it is slow to import and only needed once
+
+    n = np.arange(spec.n_fft, dtype=np.float64)
+    window = (0.5 - 0.5 * np.cos(2.0 * np.pi * n / spec.n_fft)).astype(np.float32)
+    mel = librosa.filters.mel(
+        sr=spec.sample_rate, n_fft=spec.n_fft, n_mels=spec.n_mels, fmin=spec.fmin, fmax=spec.fmax
+    )
+    return window, np.ascontiguousarray(mel.T, dtype=np.float32)
+
+
+def _left_pad(spec: FeatureSpec) -> int:
+    """Zeros in front of sample 0 so that frame ``j`` starts at padded sample ``j * hop``."""
+    return spec.n_fft // 2 - spec.hop_length // 2
+
+
+def _frames_to_log_mel(padded: np.ndarray, n_frames: int, spec: FeatureSpec) -> np.ndarray:
+    """Log-mel of the first ``n_frames`` frames of ``padded`` (frame j at j * hop)."""
+    window, mel_t = _tables(spec)
+    if n_frames <= 0:
+        return np.empty((0, spec.n_mels), dtype=np.float32)
+    span = (n_frames - 1) * spec.hop_length + spec.n_fft
+    views = np.lib.stride_tricks.sliding_window_view(padded[:span], spec.n_fft)
+    frames = views[:: spec.hop_length] * window
+    spectrum = np.fft.rfft(frames, axis=-1)
+    power = (spectrum.real * spectrum.real + spectrum.imag * spectrum.imag).astype(np.float32)
+    # Per-row dot products keep results independent of how many frames are batched, so
+    # streaming and offline agree bit for bit (a plain GEMM may block rows differently).
+    mel_power = np.einsum("fk,km->fm", power, mel_t, optimize=False)
+    return np.log10(np.maximum(mel_power, np.float32(spec.floor))).astype(np.float32)
+
+
+def log_mel(samples: np.ndarray, spec: FeatureSpec | None = None) -> np.ndarray:
+    """Offline log-mel, (frames, n_mels) float32: every frame that ``samples`` completes."""
+    spec = spec or FeatureSpec()
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    padded = np.concatenate([np.zeros(_left_pad(spec), np.float32), samples])
+    n_frames = (padded.size - spec.n_fft) // spec.hop_length + 1
+    return _frames_to_log_mel(padded, n_frames, spec)
+
+
+class StreamingLogMel:
+    """Incremental log-mel for one audio stream (16 kHz mono float32 in [-1, 1]).
+
+    Not thread-safe; one instance per session, fed from one task.
+    """
+
+    def __init__(self, spec: FeatureSpec | None = None) -> None:
+        self.spec = spec or FeatureSpec()
+        _tables(self.spec)  # build the mel matrix now, not on the first audio chunk
+        self.silence = np.log10(np.float32(self.spec.floor))
+        # Samples not yet fully consumed; _pending[0] is padded sample _next_frame * hop.
+        self._pending = np.zeros(_left_pad(self.spec), dtype=np.float32)
+        self._next_frame = 0
+        # Computed frames [_first, _first + _count) live in _store[:_count].
+        self._store = np.empty((256, self.spec.n_mels), dtype=np.float32)
+        self._first = 0
+        self._count = 0
+
+    @property
+    def frames_available(self) -> int:
+        """Frames ``0 .. frames_available - 1`` are complete (some may be discarded)."""
+        return self._next_frame
+
+    @property
+    def first_retained(self) -> int:
+        """Lowest frame index that :meth:`window` can still return."""
+        return self._first
+
+    def push(self, samples: np.ndarray) -> None:
+        """Append audio and compute every mel frame that has become complete."""
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if samples.size == 0:
+            return
+        pending = np.concatenate([self._pending, samples])
+        hop, n_fft = self.spec.hop_length, self.spec.n_fft
+        n_new = (pending.size - n_fft) // hop + 1 if pending.size >= n_fft else 0
+        if n_new > 0:
+            self._append(_frames_to_log_mel(pending, n_new, self.spec))
+            pending = pending[n_new * hop :]
+            self._next_frame += n_new
+        self._pending = pending.copy()
+
+    def _append(self, rows: np.ndarray) -> None:
+        needed = self._count + rows.shape[0]
+        if needed > self._store.shape[0]:
+            grown = np.empty((max(needed, 2 * self._store.shape[0]), self.spec.n_mels), np.float32)
+            grown[: self._count] = self._store[: self._count]
+            self._store = grown
+        self._store[self._count : needed] = rows
+        self._count = needed
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """Frames ``[start, start + length)`` as (length, n_mels) float32.
+
+        Frames before 0 read as digital silence (``log10(floor)``).
+        """
+        end = start + length
+        if length < 0 or end > self._next_frame:
+            raise ValueError(
+                f"frames [{start}, {end}) requested, only {self._next_frame} available"
+            )
+        lo = max(start, 0)
+        if lo < end and lo < self._first:
+            raise ValueError(f"frames before {self._first} were discarded (asked for {lo})")
+        out = np.empty((length, self.spec.n_mels), dtype=np.float32)
+        n_silent = min(lo - start, length)
+        out[:n_silent] = self.silence
+        if lo < end:
+            out[n_silent:] = self._store[lo - self._first : end - self._first]
+        return out
+
+    def discard_before(self, frame: int) -> None:
+        """Forget frames below ``frame`` so a long session's memory stays bounded."""
+        frame = min(frame, self._next_frame)
+        drop = frame - self._first
+        if drop <= 0:
+            return
+        keep = self._count - drop
+        self._store[:keep] = self._store[drop : self._count]
+        self._first = frame
+        self._count = keep

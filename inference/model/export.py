@@ -1,0 +1,131 @@
+"""Export sonic-lite to ``engines/sonic-lite.onnx`` plus its manifest.
+
+Run ``python -m inference.model.export`` (needs the ``dev`` extra: torch, onnx). The
+output is byte-for-byte deterministic, so a re-export only shows up in a diff when the
+model changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FeatureSpec
+from inference.model.sonic_lite import COEFFICIENT_NAMES, SonicLite
+
+NAME = "sonic-lite"
+OPSET = 17
+WINDOW_FRAMES = 16
+LOOKAHEAD_FRAMES = 4
+FPS = 25
+
+INPUTS: dict[str, list[str | int]] = {
+    "mel": ["batch", WINDOW_FRAMES, FeatureSpec().n_mels],
+    "portrait": ["batch", 3, "height", "width"],
+    "geometry": ["batch", len(GEOMETRY_NAMES)],
+    "knobs": ["batch", len(KNOB_NAMES)],
+    "clock": ["batch", 2],
+}
+OUTPUTS: dict[str, list[str | int]] = {
+    "frame": ["batch", "height", "width", 3],
+    "coefficients": ["batch", len(COEFFICIENT_NAMES)],
+}
+DTYPES = {
+    "mel": "float32",
+    "portrait": "float32",
+    "geometry": "float32",
+    "knobs": "float32",
+    "clock": "float32",
+    "frame": "uint8",
+    "coefficients": "float32",
+}
+
+
+def build_model() -> SonicLite:
+    return SonicLite(FeatureSpec(), WINDOW_FRAMES, LOOKAHEAD_FRAMES, FPS).eval()
+
+
+def example_inputs(batch: int = 2, size: int = 64) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs; the values only need to be plausible."""
+    geometry = torch.tensor([[0.0, 0.3, 0.15, 0.6, -0.3, -0.2, 0.3, -0.2]]).repeat(batch, 1)
+    return (
+        torch.full((batch, WINDOW_FRAMES, FeatureSpec().n_mels), -4.0),
+        torch.full((batch, 3, size, size), 0.5),
+        geometry,
+        torch.ones(batch, len(KNOB_NAMES)),
+        torch.tensor([[1.0, 0.0]]).repeat(batch, 1),
+    )
+
+
+def manifest(onnx_name: str) -> dict[str, object]:
+    return {
+        "name": NAME,
+        "description": (
+            "Hand-set DSP talking head: band energies of the log-mel window drive jaw, lip "
+            "spread and rounding; the clock drives blinks and head sway; one grid_sample "
+            "warps the portrait and a soft mouth cavity is drawn between the lips."
+        ),
+        "onnx": onnx_name,
+        "fps": FPS,
+        "features": dataclasses.asdict(FeatureSpec()),
+        "window_frames": WINDOW_FRAMES,
+        "lookahead_frames": LOOKAHEAD_FRAMES,
+        "coefficient_names": list(COEFFICIENT_NAMES),
+        "geometry_names": list(GEOMETRY_NAMES),
+        "knob_names": list(KNOB_NAMES),
+        "opset": OPSET,
+        "inputs": [{"name": k, "dtype": DTYPES[k], "shape": v} for k, v in INPUTS.items()],
+        "outputs": [{"name": k, "dtype": DTYPES[k], "shape": v} for k, v in OUTPUTS.items()],
+        "portrait_sizes": [256, 512],
+        "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__},
+    }
+
+
+def export(out_dir: Path) -> tuple[Path, Path]:
+    """Write ``<NAME>.onnx`` and ``<NAME>.json`` into ``out_dir``; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path = out_dir / f"{NAME}.onnx"
+    json_path = out_dir / f"{NAME}.json"
+    dynamic = {
+        name: {i: str(d) for i, d in enumerate(shape) if isinstance(d, str)}
+        for name, shape in {**INPUTS, **OUTPUTS}.items()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer chatter about shape-dependent arange
+        torch.onnx.export(
+            build_model(),
+            example_inputs(),
+            str(onnx_path),
+            input_names=list(INPUTS),
+            output_names=list(OUTPUTS),
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
+    model = onnx.load(str(onnx_path))
+    model.doc_string = "sonic-lite talking head (Apache-2.0)"
+    for node in model.graph.node:
+        node.doc_string = ""
+    onnx.checker.check_model(model, full_check=True)
+    onnx_path.write_bytes(model.SerializeToString(deterministic=True))
+    json_path.write_text(json.dumps(manifest(onnx_path.name), indent=2) + "\n")
+    return onnx_path, json_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", type=Path, default=Path("engines"))
+    args = parser.parse_args()
+    for path in export(args.out_dir):
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""sonic-lite: a hand-set DSP talking-head model, defined once in PyTorch.
+
+The module is exported to ONNX (``inference.model.export``) for the CPU server, and the
+same module can run under CUDA later; it has no trained weights, only fixed DSP tensors.
+
+Three stages, all per video frame and all pure functions of the inputs (so frames of
+different sessions batch freely):
+
+1. Audio to motion. Band energies of the log-mel window (dB) give, per mel frame, a
+   level-compressed loudness gated against silence and noise, and its dip below the
+   window's peak (syllable contrast). A Gaussian kernel centred slightly after the
+   video frame (the face leads the sound) pools them into ``jawOpen``; spectral shape
+   ratios of the pooled bands (F1 vs. low band: open vowels; 2-3.6 kHz and >3.6 kHz vs.
+   voiced band: front vowels and fricatives; low-band dominance without front energy:
+   rounded vowels) give openness, lip spread and funnel. ``motion_scale`` scales them.
+2. Idle motion from the clock: a blink every 2-6 s (irregular, shifted per session by
+   the phase; blinks are not scaled by a knob), and slow head sway (sums of
+   incommensurate sines, ~1-2 degrees) plus a small speech-driven nod, both scaled by
+   ``dynamic_scale``. Signs: positive headPitch nods the chin down, positive headYaw
+   moves the face to the image's right, positive headRoll turns it clockwise on screen.
+3. Rendering: a backward flow field, built at full resolution as a low-rank sum of
+   separable 1-D profiles (one batched MatMul, cheaper and sharper than upsampling a
+   coarse grid), drives a single ``grid_sample``: the jaw opens (everything between the
+   mouth line and the chin moves down, fading out laterally and below the chin so the
+   neck compresses instead of tearing), the upper lip lifts a little, the lips spread
+   or round, the upper lids slide down over the eyes, and the head sways. A soft
+   lens-shaped mouth cavity (dark red with a hint of upper teeth) then fills the gap
+   between the lips.
+
+Geometry follows the grid-sample convention (normalised [-1, 1], align_corners=False,
+y down). The portrait is assumed square (as prepared by the server); the flow is
+computed per axis in normalised units.
+"""
+
+from __future__ import annotations
+
+import math
+
+import librosa
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from inference.engine import FeatureSpec
+
+COEFFICIENT_NAMES: tuple[str, ...] = (
+    "jawOpen",
+    "mouthStretchLeft",
+    "mouthStretchRight",
+    "mouthFunnel",
+    "eyeBlinkLeft",
+    "eyeBlinkRight",
+    "headPitch",
+    "headYaw",
+    "headRoll",
+)
+
+#: Frequency bands (Hz) whose energies drive the motion, in column order.
+BANDS: tuple[tuple[str, float, float], ...] = (
+    ("voiced", 100.0, 4000.0),  # loudness of voiced speech
+    ("all", 100.0, 8000.0),  # loudness including fricatives
+    ("low", 150.0, 500.0),  # F1 of close vowels, nasals
+    ("f1", 500.0, 1100.0),  # F1 of open vowels
+    ("f3", 2000.0, 3600.0),  # F2/F3 of front vowels
+    ("high", 3600.0, 8000.0),  # fricatives
+)
+_VOICED, _ALL, _LOW, _F1, _F3, _HIGH = range(len(BANDS))
+
+
+def _smoothstep(edge0: Tensor | float, edge1: Tensor | float, x: Tensor) -> Tensor:
+    """Hermite ramp from 0 at edge0 to 1 at edge1 (edges may be in either order)."""
+    t = ((x - edge0) / (edge1 - edge0)).clamp(0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def _soft_clamp01(u: Tensor, eps: float) -> Tensor:
+    """clamp(u, 0, 1) with rounded corners of size ``eps`` (keeps the warp smooth)."""
+    return 0.5 * (torch.sqrt(u * u + eps * eps) - torch.sqrt((u - 1.0) ** 2 + eps * eps) + 1.0)
+
+
+def _cycle(freq: float, u: Tensor, offset: float) -> Tensor:
+    """sin(2*pi*(freq*u + offset)), reducing the phase first so large u stays precise."""
+    x = freq * u + offset
+    return torch.sin(2.0 * math.pi * (x - torch.floor(x)))
+
+
+class SonicLite(nn.Module):
+    """mel, portrait, geometry, knobs, clock -> frame (uint8 BHWC), coefficients."""
+
+    # Audio-to-motion constants (dB values are 10*log10 of summed mel power; a
+    # full-scale sine reads about +28 dB in the voiced band, speech at -20 dBFS RMS
+    # peaks near +18 dB, white noise at -60 dBFS sits near -30 dB).
+    gate_db: float = -14.0  # below this a frame counts as silence/noise
+    gate_width_db: float = 2.5
+    loud_db: float = 0.0  # loudness compression knee
+    loud_width_db: float = 5.0
+    dip_db: float = 9.0  # dip below the window peak that halves the opening
+    dip_width_db: float = 3.0
+    lead_frames: float = 2.0  # motion leads sound by 20 ms
+    sigma_frames: float = 3.0
+    nod_sigma_frames: float = 5.0
+
+    # Rendering constants, relative to the face's own distances.
+    jaw_drop: float = 0.42  # of the mouth-chin distance at jawOpen=1
+    upper_lip_share: float = 0.22  # part of the opening taken by the upper lip lifting
+    eye_half_height: float = 0.075  # of the eye distance
+
+    def __init__(
+        self,
+        spec: FeatureSpec | None = None,
+        window_frames: int = 16,
+        lookahead_frames: int = 8,
+        fps: int = 25,
+    ) -> None:
+        super().__init__()
+        spec = spec or FeatureSpec()
+        self.spec = spec
+        self.window_frames = window_frames
+        self.lookahead_frames = lookahead_frames
+        self.fps = fps
+
+        centres = librosa.mel_frequencies(spec.n_mels + 2, fmin=spec.fmin, fmax=spec.fmax)[1:-1]
+        bands = np.stack([(centres >= lo) & (centres < hi) for _, lo, hi in BANDS], axis=1)
+        self.register_buffer("band_weights", torch.from_numpy(bands.astype(np.float32)))
+
+        # Window index of the video frame's centre: the frame's own mel frames sit just
+        # before the look-ahead.
+        per_frame = spec.sample_rate // fps // spec.hop_length
+        centre = window_frames - lookahead_frames - per_frame / 2.0 - 0.5
+        t = np.arange(window_frames, dtype=np.float64)
+        self.register_buffer("kernel", self._gauss(t, centre + self.lead_frames, self.sigma_frames))
+        self.register_buffer("nod_kernel", self._gauss(t, centre, self.nod_sigma_frames))
+        # Mouth cavity colours (RGB in [0, 1]): throat, tongue, teeth.
+        palette = [[0.09, 0.025, 0.03], [0.58, 0.22, 0.24], [0.82, 0.78, 0.72]]
+        self.register_buffer("palette", torch.tensor(palette))
+
+    @staticmethod
+    def _gauss(t: np.ndarray, centre: float, sigma: float) -> Tensor:
+        k = np.exp(-0.5 * ((t - centre) / sigma) ** 2)
+        return torch.from_numpy((k / k.sum()).astype(np.float32))
+
+    # ------------------------------------------------------------------ audio
+    def audio_motion(self, mel: Tensor, motion_scale: Tensor) -> tuple[Tensor, ...]:
+        """(jaw, spread, funnel, speech presence for the nod), each (B,)."""
+        mel = torch.where(torch.isnan(mel), -10.0, mel).clamp(-10.0, 6.0)  # NaN: silence
+        power = torch.exp(mel * math.log(10.0))  # (B, T, n_mels)
+        bands = power @ self.band_weights  # (B, T, n_bands)
+        db = 10.0 * torch.log10(bands + 1e-9)
+
+        def presence(level: Tensor) -> Tensor:
+            gate = torch.sigmoid((level - self.gate_db) / self.gate_width_db)
+            return gate * torch.sigmoid((level - self.loud_db) / self.loud_width_db)
+
+        voiced = db[..., _VOICED]
+        dip = voiced - voiced.max(dim=1, keepdim=True).values
+        contrast = torch.sigmoid((dip + self.dip_db) / self.dip_width_db)
+        jaw_env = (presence(voiced) * (0.35 + 0.65 * contrast)) @ self.kernel  # (B,)
+        speech_t = presence(db[..., _ALL])
+        speech = speech_t @ self.kernel
+        nod = presence(voiced) @ self.nod_kernel
+
+        pooled = 10.0 * torch.log10((bands * self.kernel[None, :, None]).sum(dim=1) + 1e-9)
+        v = pooled[:, _VOICED]
+        openness = torch.sigmoid((pooled[:, _F1] - pooled[:, _LOW] + 6.0) / 5.0)
+        front = torch.sigmoid((pooled[:, _F3] - v + 12.0) / 2.5)
+        fricative = torch.sigmoid((pooled[:, _HIGH] - v + 3.0) / 4.0)
+        rounded = torch.sigmoid((pooled[:, _LOW] - pooled[:, _F1] - 12.0) / 4.0) * (1.0 - front)
+
+        jaw = (motion_scale * 0.95 * jaw_env * (0.3 + 0.7 * openness)).clamp(0.0, 1.0)
+        spread = (motion_scale * speech * (0.6 * front + 0.4 * fricative)).clamp(0.0, 1.0)
+        funnel = (motion_scale * 1.1 * jaw_env * rounded).clamp(0.0, 1.0)
+        return jaw, spread, funnel, nod
+
+    # ------------------------------------------------------------------ idle
+    @staticmethod
+    def idle_motion(clock: Tensor, nod: Tensor, dynamic_scale: Tensor) -> tuple[Tensor, ...]:
+        """(blink, pitch, yaw, roll), each (B,); angles in radians."""
+        phase = clock[:, 1]
+        u = clock[:, 0] + phase  # the phase doubles as a per-session time offset
+        # One blink per 4 s cell at a pseudo-random offset in [0.9, 3.1) s, so blinks are
+        # 1.9-6.1 s apart. The hash uses small exact integers (cell mod 7, 11, 13), so
+        # float32 runtimes agree on it and it never degrades for long sessions.
+        cell = torch.floor(u / 4.0)
+        a, b, c = (cell - m * torch.floor(cell / m) for m in (7.0, 11.0, 13.0))
+        salt = 0.7548776 * phase
+        mix = 0.1379 * a * a + 0.0571 * b * b + 0.0311 * c * c + 0.171 * a * c + salt
+        at = 0.9 + 2.2 * (mix - torch.floor(mix))
+        d = u - 4.0 * cell - at
+        d = torch.where(d < 0.0, d / 0.06, d / 0.11)  # closes fast, opens slower
+        blink = (0.75 * (1.0 + torch.cos(math.pi * d.clamp(-1.0, 1.0)))).clamp(0.0, 1.0)
+
+        deg = math.pi / 180.0
+        yaw = 1.6 * deg * (0.6 * _cycle(0.071, u, 0.1) + 0.4 * _cycle(0.173, u, 0.6))
+        pitch = 1.0 * deg * (0.6 * _cycle(0.057, u, 0.3) + 0.4 * _cycle(0.131, u, 0.8))
+        roll = 1.2 * deg * (0.6 * _cycle(0.043, u, 0.5) + 0.4 * _cycle(0.109, u, 0.2))
+        pitch = pitch + 1.2 * deg * nod  # chin dips a little while talking
+        return blink, dynamic_scale * pitch, dynamic_scale * yaw, dynamic_scale * roll
+
+    # ------------------------------------------------------------------ render
+    def render(self, portrait: Tensor, geometry: Tensor, coeffs: Tensor) -> Tensor:
+        """Warp the portrait by the coefficients; returns float RGB (B, 3, H, W)."""
+        height, width = portrait.shape[2], portrait.shape[3]
+        device = portrait.device
+        ys = (torch.arange(height, dtype=torch.float32, device=device) + 0.5) * (2.0 / height) - 1.0
+        xs = (torch.arange(width, dtype=torch.float32, device=device) + 0.5) * (2.0 / width) - 1.0
+        ys = ys[None, :]  # (1, H)
+        xs = xs[None, :]  # (1, W)
+
+        def col(i: int) -> Tensor:
+            return geometry[:, i : i + 1]  # (B, 1)
+
+        mx, my, mw, cy = col(0), col(1), col(2).clamp(min=0.01), col(3)
+        elx, ely, erx, ery = col(4), col(5), col(6), col(7)
+        jaw, spread, funnel = coeffs[:, 0:1], coeffs[:, 1:2], coeffs[:, 3:4]
+        blink_l, blink_r = coeffs[:, 4:5], coeffs[:, 5:6]
+        pitch, yaw, roll = coeffs[:, 6:7], coeffs[:, 7:8], coeffs[:, 8:9]
+
+        eye_dist = (erx - elx).abs().clamp(min=0.02)
+        eye_y = 0.5 * (ely + ery)
+        eye_chin = (cy - eye_y).clamp(min=0.05)
+        mouth_chin = (cy - my).clamp(min=0.02)
+
+        # Head: translation from yaw/pitch about a pivot one eye-chin distance behind
+        # the face, roll about the neck, fading out around the head.
+        face_x = 0.5 * (elx + erx)
+        tx = yaw * eye_chin
+        ty = pitch * eye_chin
+        pivot_x, pivot_y = mx, cy + 0.3 * eye_chin
+        head_x = 1.0 - _smoothstep(1.8 * eye_dist, 3.0 * eye_dist, (xs - face_x).abs())
+        head_y = _smoothstep(eye_y - 2.0 * eye_chin, eye_y - 1.3 * eye_chin, ys) * (
+            1.0 - _smoothstep(cy + 0.1 * eye_chin, cy + 0.6 * eye_chin, ys)
+        )
+
+        def moved(px: Tensor, py: Tensor) -> tuple[Tensor, Tensor]:
+            """Where a face point ends up after the head motion (inside the plateau)."""
+            return px + tx - roll * (py - pivot_y), py + ty + roll * (px - pivot_x)
+
+        mx, my = moved(mx, my)
+        _, cy = moved(col(0), cy)
+        elx, ely = moved(elx, ely)
+        erx, ery = moved(erx, ery)
+
+        # Jaw, in two separable terms that add up to the full opening at the mouth
+        # centre: a lens-shaped lip gap (closed at the mouth corners) and, below the lower
+        # lip, a broad jaw/chin region that also fades out laterally and under the chin.
+        drop = jaw * self.jaw_drop * mouth_chin
+        share = self.upper_lip_share
+        stretch = 0.2 * spread - 0.28 * funnel - 0.06 * jaw
+        corner = mw * (1.0 + stretch)
+        ramp = _soft_clamp01((ys - my) / drop.clamp(min=1e-4) + share, 0.12)
+        opening = drop * (ramp - share * _smoothstep(my - 0.55 * mouth_chin, my, ys))
+        lip_bottom = my + (1.0 - share) * drop
+        to_jaw = _smoothstep(lip_bottom + 0.15 * mouth_chin, lip_bottom + 0.55 * mouth_chin, ys)
+        below_chin = 1.0 - _smoothstep(cy, cy + 0.6 * mouth_chin + 2.0 * drop, ys)
+        lens_x = (1.0 - ((xs - mx) / (0.85 * corner)) ** 2).clamp(0.0, 1.0) ** 0.6
+        lens_y = opening * (1.0 - to_jaw)
+        chin_x = 1.0 - _smoothstep(0.3 * mw, 2.2 * mw, (xs - mx).abs())
+        chin_y = opening * to_jaw * below_chin
+
+        # Lips: spread (+) or round (-) about the mouth centre.
+        lips_x = stretch * (xs - mx) * (1.0 - _smoothstep(0.9 * mw, 2.2 * mw, (xs - mx).abs()))
+        mouth_mid = my + (0.5 - share) * drop
+        lips_y = 1.0 - _smoothstep(0.35 * mw, 1.2 * mw, (ys - mouth_mid).abs())
+
+        # Eyelids: a piecewise-linear vertical map per eye. When closed, the lid skin
+        # between the crease and the lash line is stretched down to a closure line and
+        # the eye itself is squeezed into a thin lash line under it; the brow stays put.
+        half = self.eye_half_height * eye_dist
+
+        def lid(ex: Tensor, ey: Tensor, amount: Tensor) -> tuple[Tensor, Tensor]:
+            crease, close, bottom = ey - 3.0 * half, ey + 0.5 * half, ey + 1.35 * half
+            peak = 1.85 * half  # the closure line shows the skin just above the lashes
+            prof_y = peak * (
+                ((ys - crease) / (close - crease)).clamp(0.0, 1.0)
+                - ((ys - close) / (bottom - close)).clamp(0.0, 1.0)
+            )
+            prof_x = amount * (1.0 - _smoothstep(0.28 * eye_dist, 0.45 * eye_dist, (xs - ex).abs()))
+            return prof_x, prof_y
+
+        lid_lx, lid_ly = lid(elx, ely, blink_l)
+        lid_rx, lid_ry = lid(erx, ery, blink_r)
+
+        # grid = identity - sum_k a_k(y) b_k(x): one small MatMul per axis.
+        batch = geometry.shape[0]
+        ones_y = torch.ones_like(ys).expand(batch, -1)
+        ones_x = torch.ones_like(xs).expand(batch, -1)
+        a_x = torch.stack([ones_y, head_y * (tx - roll * (ys - pivot_y)), lips_y], dim=2)
+        b_x = torch.stack([xs.expand(batch, -1), -head_x, -lips_x], dim=1)
+        a_y = torch.stack([ys.expand(batch, -1), head_y, lens_y, chin_y, lid_ly, lid_ry], dim=2)
+        b_y = torch.stack(
+            [ones_x, -head_x * (ty + roll * (xs - pivot_x)), -lens_x, -chin_x, -lid_lx, -lid_rx],
+            dim=1,
+        )
+        grid = torch.stack([a_x @ b_x, a_y @ b_y], dim=3)  # (B, H, W, 2)
+        warped = F.grid_sample(
+            portrait, grid, mode="bilinear", padding_mode="border", align_corners=False
+        )
+
+        # Mouth cavity: fills the lens between the lips, soft-edged; dark in the throat
+        # and the corners, tongue-red below, a hint of upper teeth under the upper lip.
+        gap_half = (0.5 * drop * lens_x).clamp(min=1e-4)  # (B, W)
+        centre_y = my + (0.5 - share) * drop * lens_x  # (B, W)
+        v = (ys[:, :, None] - centre_y[:, None, :]) * (1.0 / gap_half)[:, None, :]  # (B, H, W)
+        opacity = 0.95 * _smoothstep(0.04, 0.25, jaw) * _smoothstep(0.0, 0.15, lens_x)  # (B, W)
+        alpha = _smoothstep(1.0, 0.55, v.abs()) * opacity[:, None, :]
+        teeth_x = (1.0 - _smoothstep(0.3 * corner, 0.6 * corner, (xs - mx).abs())) * (
+            0.45 * _smoothstep(0.2, 0.5, jaw)
+        )
+        teeth = _smoothstep(-0.55, -0.9, v) * teeth_x[:, None, :]
+        tongue = 0.85 * _smoothstep(-0.2, 0.85, v)
+        shade = (0.45 + 0.55 * lens_x)[:, None, None, :]  # (B, 1, 1, W)
+        deep, red, white = (c[None, :, None, None] for c in self.palette)
+        fill = (deep + (red - deep) * tongue[:, None] + (white - deep) * teeth[:, None]) * shade
+        return warped + (fill - warped) * alpha[:, None]
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self, mel: Tensor, portrait: Tensor, geometry: Tensor, knobs: Tensor, clock: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        knobs = knobs.clamp(0.0, 2.0)
+        motion_scale, dynamic_scale = knobs[:, 0], knobs[:, 1]
+        jaw, spread, funnel, nod = self.audio_motion(mel, motion_scale)
+        blink, pitch, yaw, roll = self.idle_motion(clock, nod, dynamic_scale)
+        coeffs = torch.stack([jaw, spread, spread, funnel, blink, blink, pitch, yaw, roll], 1)
+        image = self.render(portrait, geometry, coeffs)
+        frame = (image * 255.0 + 0.5).clamp(0.0, 255.0).to(torch.uint8).permute(0, 2, 3, 1)
+        return frame, coeffs

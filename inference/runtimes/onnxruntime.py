@@ -1,0 +1,117 @@
+"""The engine on onnxruntime's CPU provider: the default, torch-free server runtime."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+
+_INPUTS = ("mel", "portrait", "geometry", "knobs", "clock")
+_OUTPUTS = ("frame", "coefficients")
+
+
+@dataclass(frozen=True)
+class _Slot:
+    chw: np.ndarray  # float32 (3, S, S) in [0, 1], converted once at prepare()
+    geometry: np.ndarray  # float32 (len(geometry_names),)
+
+    @property
+    def size(self) -> int:
+        return int(self.chw.shape[1])
+
+
+class OnnxRuntimeEngine:
+    """Runs a manifest's ONNX graph; ``run`` from one worker thread, the rest from anywhere.
+
+    Only the slot table is locked: ``prepare``/``release`` from the event loop never wait
+    for a batch in flight, and a slot released mid-batch stays alive until that batch ends
+    (its arrays are immutable and referenced by the batch).
+    """
+
+    def __init__(self, manifest: Manifest, intra_op_threads: int = 1) -> None:
+        self.manifest = manifest
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(
+            manifest.onnx, options, providers=["CPUExecutionProvider"]
+        )
+        inputs = tuple(i.name for i in self.session.get_inputs())
+        outputs = tuple(o.name for o in self.session.get_outputs())
+        if sorted(inputs) != sorted(_INPUTS) or sorted(outputs) != sorted(_OUTPUTS):
+            raise ValueError(
+                f"{manifest.onnx}: expected I/O {_INPUTS} -> {_OUTPUTS}, got {inputs} -> {outputs}"
+            )
+        self._mel_shape = (manifest.window_frames, manifest.features.n_mels)
+        self._slots: dict[int, _Slot] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def prepare(self, portrait: PreparedPortrait) -> int:
+        image, geometry = portrait.image, np.asarray(portrait.geometry, dtype=np.float32)
+        if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] != image.shape[1]:
+            raise ValueError(f"portrait must be (S, S, 3) RGB, got {image.shape}")
+        if geometry.shape != (len(self.manifest.geometry_names),):
+            raise ValueError(
+                f"geometry must be ({len(self.manifest.geometry_names)},), got {geometry.shape}"
+            )
+        chw = np.empty((3, image.shape[0], image.shape[1]), dtype=np.float32)
+        np.multiply(image.transpose(2, 0, 1), np.float32(1.0 / 255.0), out=chw)
+        chw.flags.writeable = False
+        geometry = geometry.copy()
+        geometry.flags.writeable = False
+        slot = _Slot(chw, geometry)
+        with self._lock:
+            slot_id = next(self._ids)
+            self._slots[slot_id] = slot
+        return slot_id
+
+    def release(self, slot: int) -> None:
+        """Forget a slot; releasing an unknown or already released slot is a no-op."""
+        with self._lock:
+            self._slots.pop(slot, None)
+
+    def frame_size(self, slot: int) -> int:
+        return self._slot(slot).size
+
+    def _slot(self, slot: int) -> _Slot:
+        with self._lock:
+            try:
+                return self._slots[slot]
+            except KeyError:
+                raise KeyError(f"unknown or released portrait slot {slot}") from None
+
+    def run(self, batch: list[FrameInput]) -> BatchOutput:
+        if not batch:
+            raise ValueError("empty batch")
+        with self._lock:
+            try:
+                slots = [self._slots[item.slot] for item in batch]
+            except KeyError as exc:
+                raise KeyError(f"unknown or released portrait slot {exc.args[0]}") from None
+        size = slots[0].size
+        if any(s.size != size for s in slots):
+            raise ValueError(f"mixed frame sizes in one batch: {sorted({s.size for s in slots})}")
+        for item in batch:
+            if item.mel.shape != self._mel_shape:
+                raise ValueError(f"mel window must be {self._mel_shape}, got {item.mel.shape}")
+        if len(slots) == 1:
+            portrait = slots[0].chw[None]  # a view, no copy
+        else:
+            portrait = np.stack([s.chw for s in slots])
+        feeds = {
+            "mel": np.stack([item.mel for item in batch]).astype(np.float32, copy=False),
+            "portrait": portrait,
+            "geometry": np.stack([s.geometry for s in slots]),
+            "knobs": np.stack([item.knobs for item in batch]).astype(np.float32, copy=False),
+            "clock": np.stack([item.clock for item in batch]).astype(np.float32, copy=False),
+        }
+        frames, coefficients = self.session.run(list(_OUTPUTS), feeds)
+        return BatchOutput(frames=frames, coefficients=coefficients)

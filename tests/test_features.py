@@ -1,0 +1,192 @@
+"""Log-mel features: streaming equals offline, the framing rule, librosa agreement, speed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import wave
+from pathlib import Path
+
+import librosa
+import numpy as np
+import pytest
+
+from inference.engine import FeatureSpec
+from inference.features import StreamingLogMel, log_mel
+
+SPEC = FeatureSpec()
+
+
+def espeak_16k(tmp_path: Path, text: str) -> np.ndarray:
+    """Speak ``text`` with espeak-ng; mono float32 at 16 kHz."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    path = tmp_path / "speech.wav"
+    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+    with wave.open(str(path)) as w:
+        assert w.getsampwidth() == 2 and w.getnchannels() == 1
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    samples = pcm.astype(np.float32) / 32768.0
+    return librosa.resample(samples, orig_sr=rate, target_sr=SPEC.sample_rate).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    tmp = tmp_path_factory.mktemp("features")
+    return espeak_16k(tmp, "Seven silly swans swam south, singing softly.")
+
+
+def stream(samples: np.ndarray, chunk_sizes: np.ndarray) -> StreamingLogMel:
+    features = StreamingLogMel(SPEC)
+    pos = 0
+    for size in chunk_sizes:
+        features.push(samples[pos : pos + size])
+        pos += int(size)
+        if pos >= samples.size:
+            break
+    assert pos >= samples.size
+    return features
+
+
+def expected_frames(n_samples: int) -> int:
+    """Frames whose whole n_fft span lies within the audio (plus the zeros before it)."""
+    pad = SPEC.n_fft // 2 - SPEC.hop_length // 2
+    return max(0, (n_samples + pad - SPEC.n_fft) // SPEC.hop_length + 1)
+
+
+@pytest.mark.parametrize(
+    "chunking", ["1", "159", "160", "161", "320", "512", "4000", "random", "whole"]
+)
+def test_streaming_equals_offline(speech: np.ndarray, chunking: str) -> None:
+    n = speech.size
+    if chunking == "random":
+        sizes = np.random.default_rng(7).integers(0, 700, size=n)  # includes empty pushes
+    elif chunking == "whole":
+        sizes = np.array([n])
+    else:
+        sizes = np.full(n // int(chunking) + 1, int(chunking))
+    features = stream(speech, sizes)
+    offline = log_mel(speech, SPEC)
+    assert offline.shape == (expected_frames(n), SPEC.n_mels)
+    assert features.frames_available == offline.shape[0]
+    streamed = features.window(0, features.frames_available)
+    assert streamed.dtype == np.float32
+    np.testing.assert_allclose(streamed, offline, rtol=0, atol=1e-5)
+
+
+def test_matches_librosa_reference(speech: np.ndarray) -> None:
+    """Same numbers as librosa's STFT + mel on the documented framing."""
+    pad = SPEC.n_fft // 2 - SPEC.hop_length // 2
+    padded = np.concatenate([np.zeros(pad, np.float32), speech])
+    power = (
+        np.abs(
+            librosa.stft(
+                padded, n_fft=SPEC.n_fft, hop_length=SPEC.hop_length, window="hann", center=False
+            )
+        )
+        ** 2
+    )
+    mel = (
+        librosa.filters.mel(
+            sr=SPEC.sample_rate,
+            n_fft=SPEC.n_fft,
+            n_mels=SPEC.n_mels,
+            fmin=SPEC.fmin,
+            fmax=SPEC.fmax,
+        )
+        @ power
+    )
+    reference = np.log10(np.maximum(mel, SPEC.floor)).T
+    ours = log_mel(speech, SPEC)
+    assert ours.shape == reference.shape
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-3)
+
+
+def test_frame_j_is_centred_on_its_hop() -> None:
+    """A click at the centre of hop j peaks in frame j, not a neighbour."""
+    for j in (0, 3, 10):
+        samples = np.zeros(6000, np.float32)
+        samples[j * SPEC.hop_length + SPEC.hop_length // 2] = 1.0
+        energy = log_mel(samples, SPEC).max(axis=1)
+        assert int(np.argmax(energy)) == j
+
+
+def test_window_pads_before_zero_and_refuses_the_future(speech: np.ndarray) -> None:
+    features = StreamingLogMel(SPEC)
+    features.push(speech[:8000])
+    offline = log_mel(speech[:8000], SPEC)
+    available = features.frames_available
+    assert available == offline.shape[0] > 16
+
+    window = features.window(-5, 16)
+    assert window.shape == (16, SPEC.n_mels)
+    np.testing.assert_array_equal(window[:5], np.log10(np.float32(SPEC.floor)))
+    np.testing.assert_array_equal(window[5:], offline[:11])
+    np.testing.assert_array_equal(features.window(-20, 16), np.log10(np.float32(SPEC.floor)))
+    np.testing.assert_array_equal(features.window(available - 16, 16), offline[-16:])
+    with pytest.raises(ValueError):
+        features.window(available - 15, 16)
+
+    # Digital silence reads exactly like the padding before frame 0.
+    silent = StreamingLogMel(SPEC)
+    silent.push(np.zeros(4000, np.float32))
+    np.testing.assert_array_equal(silent.window(-4, 8)[:4], silent.window(-4, 8)[4:])
+
+
+def test_discard_bounds_memory_and_keeps_later_frames(speech: np.ndarray) -> None:
+    features = StreamingLogMel(SPEC)
+    offline = log_mel(speech, SPEC)
+    chunk = 320
+    for pos in range(0, speech.size, chunk):
+        features.push(speech[pos : pos + chunk])
+        features.discard_before(features.frames_available - 20)
+        start = features.frames_available - 16
+        if start >= 0:
+            np.testing.assert_allclose(
+                features.window(start, 16), offline[start : start + 16], rtol=0, atol=1e-5
+            )
+    assert features.first_retained == features.frames_available - 20
+    with pytest.raises(ValueError):
+        features.window(features.first_retained - 1, 4)
+    # Frames before 0 are padding, never "discarded", but a window spanning dropped
+    # frames is refused.
+    with pytest.raises(ValueError):
+        features.window(-2, 16)
+    assert features.frames_available - features.first_retained == 20
+
+
+def test_streaming_is_cheap_per_20ms_chunk(speech: np.ndarray) -> None:
+    """The server pushes every session's audio in 20 ms chunks on a 2-core box."""
+    features = StreamingLogMel(SPEC)
+    chunk = SPEC.sample_rate // 50
+    audio = np.tile(speech, 3)
+    n_chunks = audio.size // chunk
+    start = time.perf_counter()
+    for i in range(n_chunks):
+        features.push(audio[i * chunk : (i + 1) * chunk])
+        features.discard_before(features.frames_available - 32)
+    per_chunk_ms = 1000.0 * (time.perf_counter() - start) / n_chunks
+    assert per_chunk_ms < 1.0, f"{per_chunk_ms:.3f} ms per 20 ms chunk"
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [np.zeros(3000, np.float32), np.full(3000, 0.5, np.float32), np.ones(3000, np.float32)],
+    ids=["silence", "dc", "full-scale-dc"],
+)
+def test_degenerate_inputs_are_finite(samples: np.ndarray) -> None:
+    mel = log_mel(samples, SPEC)
+    assert np.isfinite(mel).all()
+    assert mel.min() >= np.log10(np.float32(SPEC.floor))
+
+
+def test_short_input_has_no_frames() -> None:
+    features = StreamingLogMel(SPEC)
+    needed = SPEC.n_fft - (SPEC.n_fft // 2 - SPEC.hop_length // 2)
+    features.push(np.zeros(needed - 1, np.float32))
+    assert features.frames_available == 0
+    assert log_mel(np.zeros(needed - 1, np.float32), SPEC).shape == (0, SPEC.n_mels)
+    features.push(np.zeros(1, np.float32))
+    assert features.frames_available == 1
