@@ -24,8 +24,8 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.rtp import RtcpSrPacket
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
+from aiortc.rtp import RtcpSrPacket
 
 from server.peer import pin_host_addresses
 

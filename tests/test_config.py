@@ -14,7 +14,8 @@ def test_shipped_config_loads_with_no_public_stun():
 
 def test_command_line_overrides_the_file():
     settings = parse_args(["--port", "9123", "--host", "0.0.0.0", "--ice-host", "127.0.0.1",
-                           "--set", "scheduler.max_batch=3", "--set", "ice.servers=stun:a:1,stun:b:2"])
+                           "--set", "scheduler.max_batch=3",
+                           "--set", "ice.servers=stun:a:1,stun:b:2"])
     assert settings.http.port == 9123
     assert settings.http.host == "0.0.0.0"
     assert settings.ice.host_addresses == ["127.0.0.1"]
