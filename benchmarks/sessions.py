@@ -68,7 +68,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
 
     def pooled(key: str, q: str) -> float | None:
         values = [s[key][q] for s in stats if s[key][q] is not None]
-        return float(np.median(values)) if values else None
+        return round(float(np.median(values)), 1) if values else None
 
     fps = [r.video_fps() for r in received]
     return {

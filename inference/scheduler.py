@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,38 +45,48 @@ class BatchPlan:
 
 
 class RuntimeEstimate:
-    """Moving average of engine seconds per batch, by batch size (for deadlines and capacity)."""
+    """Engine seconds per batch, by frame size and batch size: the median of the last few
+    runs, so one slow call (a first run, a busy core) cannot make every deadline look
+    unreachable and starve the estimate of fresh runs."""
 
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
-        self._by_size: dict[tuple[int, int], float] = {}
+    def __init__(self, keep: int = 9) -> None:
+        self._runs: dict[tuple[int, int], deque[float]] = {}
+        self._keep = keep
 
     def update(self, frame_size: int, batch: int, seconds: float) -> None:
-        key = (frame_size, batch)
-        old = self._by_size.get(key)
-        self._by_size[key] = seconds if old is None else old + self.alpha * (seconds - old)
+        self._runs.setdefault((frame_size, batch), deque(maxlen=self._keep)).append(seconds)
+
+    def _median(self, key: tuple[int, int]) -> float:
+        return float(np.median(self._runs[key]))
 
     def seconds(self, frame_size: int, batch: int) -> float:
         """Estimate for a batch; scales the closest known batch linearly, 0 if none known."""
-        known = [(b, s) for (f, b), s in self._by_size.items() if f == frame_size]
+        known = [b for (f, b) in self._runs if f == frame_size]
         if not known:
             return 0.0
-        b, s = min(known, key=lambda item: abs(item[0] - batch))
+        b = min(known, key=lambda k: abs(k - batch))
+        s = self._median((frame_size, b))
         return s * max(batch, 1) / b if b != batch else s
 
+    def fastest(self, frame_size: int, batch: int) -> float:
+        """The quickest recent run of this shape: below it, a deadline is surely lost."""
+        runs = self._runs.get((frame_size, batch))
+        return min(runs) if runs else self.seconds(frame_size, batch)
+
     def frames_per_second(self, frame_size: int) -> float:
-        rates = [b / s for (f, b), s in self._by_size.items() if f == frame_size and s > 0]
-        return max(rates, default=0.0)
+        rates = [b / self._median((f, b)) for (f, b) in self._runs if f == frame_size]
+        return max((r for r in rates if np.isfinite(r)), default=0.0)
 
 
 def plan_batch(pending: list[FrameRequest], now: float, max_batch: int,
                estimate: RuntimeEstimate) -> BatchPlan:
     """Earliest deadline first; the batch takes the most urgent request's frame size.
 
-    A request that would finish after its deadline even if run alone now is dropped.
+    A request that would miss its deadline even if run alone now, at the fastest speed seen
+    recently, is dropped: only surely lost work is shed, and the estimate keeps learning.
     """
     drop = [r for r in pending
-            if r.future.done() or now + estimate.seconds(r.size, 1) > r.deadline]
+            if r.future.done() or now + estimate.fastest(r.size, 1) > r.deadline]
     live = sorted((r for r in pending if r not in drop), key=lambda r: r.deadline)
     if not live:
         return BatchPlan(run=[], drop=drop)
@@ -155,14 +166,14 @@ class Scheduler:
         self._pending.clear()
         self._executor.shutdown(wait=True)
 
-    async def run_now(self, batch: list[FrameInput]) -> list[FrameResult]:
-        """Run a batch on the engine thread outside the queue (warm-up, offline render)."""
+    async def warm_up(self, batch: list[FrameInput]) -> None:
+        """Run a batch shape once untimed (first runs allocate), then once into the estimate."""
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.engine.run, batch)
         start = loop.time()
-        output = await loop.run_in_executor(self._executor, self.engine.run, batch)
-        size = self.engine.frame_size(batch[0].slot)
-        self.estimate.update(size, len(batch), loop.time() - start)
-        return [FrameResult(output.frames[i], output.coefficients[i]) for i in range(len(batch))]
+        await loop.run_in_executor(self._executor, self.engine.run, batch)
+        self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch),
+                             loop.time() - start)
 
     def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
         loop = asyncio.get_running_loop()

@@ -45,7 +45,7 @@ async def _warm_up(state: ServerState) -> None:
                                    mel=np.full((manifest.window_frames, manifest.features.n_mels),
                                                np.log10(manifest.features.floor), np.float32),
                                    knobs=np.ones(2, np.float32), clock=np.zeros(2, np.float32))
-                await state.scheduler.run_now([frame] * batch)
+                await state.scheduler.warm_up([frame] * batch)
         finally:
             state.avatars.release(handle)
 

@@ -83,3 +83,20 @@ def test_runtime_estimate_scales_from_nearest_batch():
     assert estimate.seconds(256, 4) == pytest.approx(0.020)
     assert estimate.frames_per_second(256) == pytest.approx(200.0)
     assert estimate.frames_per_second(512) == 0.0
+
+
+def test_one_slow_run_does_not_poison_the_estimate():
+    estimate = RuntimeEstimate()
+    for seconds in (0.5, 0.010, 0.011, 0.009):
+        estimate.update(512, 1, seconds)
+    assert estimate.seconds(512, 1) == pytest.approx(0.0105)
+    assert estimate.fastest(512, 1) == pytest.approx(0.009)
+
+
+def test_only_surely_lost_requests_are_dropped(loop):
+    estimate = RuntimeEstimate()
+    for seconds in (0.040, 0.040, 0.012):  # usually slow, once fast
+        estimate.update(256, 1, seconds)
+    tight = _request(loop, 0.020)
+    plan = plan_batch([tight], now=0.0, max_batch=8, estimate=estimate)
+    assert plan.run == [tight]  # it might still make it: run it, and keep measuring
