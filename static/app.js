@@ -1,0 +1,363 @@
+// Sonic media server: the browser side of one session.
+// Sends the microphone over WebRTC, shows the returned avatar video with the delayed audio
+// (one MediaStream, so the browser plays them in sync) and polls stats once a second.
+// All URLs are relative to the page, so it works on whatever host serves it.
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  avatars: $('avatar-list'), upload: $('upload'), size: $('size'), chooser: $('chooser'),
+  start: $('start'), stop: $('stop'), video: $('video'), mute: $('mute'),
+  status: $('status'), error: $('error'), stats: $('stats'),
+  motion: $('motion-scale'), dynamic: $('dynamic-scale'),
+};
+
+let pc = null;
+let mic = null;
+let sessionId = null;
+let state = 'idle';
+let avatarId = null;
+let statsTimer = null;
+let previous = null; // last getStats() sample, for per-second deltas
+let framesDecoded = 0;
+let statsPoll = Promise.resolve(); // the stats refresh in flight, if any
+
+// ---- helpers ------------------------------------------------------------------------
+
+async function api(method, url, body, timeoutMs = 20000) {
+  const init = { method, headers: {} };
+  if (body instanceof FormData) {
+    init.body = body;
+  } else if (body !== undefined) {
+    init.headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(url, { ...init, signal: AbortSignal.timeout(timeoutMs) });
+  if (response.status === 204) return null;
+  const data = await response.json().catch(() => null);
+  if (!response.ok) {
+    const message = data?.message ?? `${method} ${url} failed with HTTP ${response.status}`;
+    const error = new Error(message);
+    error.code = data?.error;
+    error.status = response.status;
+    throw error;
+  }
+  return data;
+}
+
+function setState(next, text) {
+  state = next;
+  ui.status.dataset.state = next;
+  ui.status.textContent = text ?? next[0].toUpperCase() + next.slice(1);
+}
+
+function showError(error) {
+  const message = error instanceof Error ? error.message : String(error);
+  console.error(error);
+  ui.error.textContent = message;
+  ui.error.hidden = false;
+}
+
+function clearError() {
+  ui.error.hidden = true;
+  ui.error.textContent = '';
+}
+
+function setRunning(running) {
+  ui.start.disabled = running;
+  ui.stop.disabled = !running;
+  ui.chooser.disabled = running;
+}
+
+// ---- avatars ------------------------------------------------------------------------
+
+function selectAvatar(id) {
+  avatarId = id;
+  for (const input of ui.avatars.querySelectorAll('input')) input.checked = input.value === id;
+  if (!ui.video.srcObject) ui.video.poster = `avatars/${encodeURIComponent(id)}/image`;
+}
+
+async function loadAvatars(select) {
+  const { avatars, default: fallback } = await api('GET', 'avatars');
+  ui.avatars.replaceChildren(...avatars.map((a) => {
+    const label = document.createElement('label');
+    label.className = 'avatar';
+    label.title = a.name;
+    const input = Object.assign(document.createElement('input'),
+      { type: 'radio', name: 'avatar', value: a.avatar_id });
+    input.addEventListener('change', () => selectAvatar(a.avatar_id));
+    const img = Object.assign(document.createElement('img'),
+      { src: `avatars/${encodeURIComponent(a.avatar_id)}/image`, alt: a.name, loading: 'lazy' });
+    const name = Object.assign(document.createElement('span'), { textContent: a.name });
+    label.append(input, img, name);
+    return label;
+  }));
+  const ids = avatars.map((a) => a.avatar_id);
+  const wanted = [select, avatarId, fallback].find((id) => id && ids.includes(id)) ?? ids[0];
+  if (wanted) selectAvatar(wanted);
+  ui.avatars.dataset.count = String(avatars.length);
+}
+
+async function uploadAvatar() {
+  const file = ui.upload.files[0];
+  if (!file) return;
+  clearError();
+  const form = new FormData();
+  form.append('image', file, file.name);
+  setState(state, `Uploading ${file.name}…`);
+  try {
+    const avatar = await api('POST', 'avatars', form);
+    await loadAvatars(avatar.avatar_id);
+    setState(state, `Added avatar “${avatar.name}”`);
+  } catch (error) {
+    setState(state, 'Upload failed');
+    showError(`Upload failed: ${error.message}`);
+  } finally {
+    ui.upload.value = '';
+  }
+}
+
+// ---- the session --------------------------------------------------------------------
+
+function knobs() {
+  return { motion_scale: Number(ui.motion.value), dynamic_scale: Number(ui.dynamic.value) };
+}
+
+function iceGatheringComplete(peer, timeoutMs = 5000) {
+  if (peer.iceGatheringState === 'complete') return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      if (peer.iceGatheringState !== 'complete') return;
+      peer.removeEventListener('icegatheringstatechange', done);
+      clearTimeout(timer);
+      resolve();
+    };
+    // Without STUN servers gathering is quick; if it stalls, send what we have.
+    const timer = setTimeout(() => {
+      peer.removeEventListener('icegatheringstatechange', done);
+      resolve();
+    }, timeoutMs);
+    peer.addEventListener('icegatheringstatechange', done);
+  });
+}
+
+async function start() {
+  clearError();
+  if (!navigator.mediaDevices?.getUserMedia) {
+    showError('The microphone is only available on a secure page: open it over HTTPS ' +
+      'or on localhost.');
+    return;
+  }
+  setRunning(true);
+  setState('starting', 'Asking for the microphone…');
+  const peer = new RTCPeerConnection({ iceServers: [] });
+  pc = peer;
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+      video: false,
+    });
+    if (pc !== peer) { // stopped while the permission prompt was open
+      stream.getTracks().forEach((track) => track.stop());
+      return;
+    }
+    mic = stream;
+    const remote = new MediaStream();
+    peer.addEventListener('track', (event) => remote.addTrack(event.track));
+    peer.addEventListener('connectionstatechange', () => onConnectionState(peer));
+    for (const track of mic.getAudioTracks()) peer.addTrack(track, mic); // sendrecv audio
+    peer.addTransceiver('video', { direction: 'recvonly' });
+
+    setState('starting', 'Gathering network candidates…');
+    await peer.setLocalDescription(await peer.createOffer());
+    await iceGatheringComplete(peer);
+
+    setState('starting', 'Connecting…');
+    const answer = await api('POST', 'offer', {
+      sdp: peer.localDescription.sdp,
+      type: peer.localDescription.type,
+      avatar: avatarId,
+      options: { ...knobs(), size: Number(ui.size.value) },
+    });
+    if (pc !== peer) { // stopped while waiting for the answer
+      await api('DELETE', `sessions/${answer.session_id}`).catch(() => {});
+      return;
+    }
+    sessionId = answer.session_id;
+    await peer.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+    ui.video.muted = ui.mute.checked;
+    ui.video.srcObject = remote;
+    ui.video.play().catch((error) => showError(`The video could not play: ${error.message}`));
+    previous = null;
+    statsTimer = setInterval(() => { statsPoll = refreshStats().catch(showError); }, 1000);
+  } catch (error) {
+    if (pc !== peer) return; // stopped meanwhile: closing the peer aborts the steps above
+    showError(`Could not start: ${error.message}`);
+    await stop({ keepError: true });
+  }
+}
+
+function onConnectionState(peer) {
+  if (peer !== pc) return;
+  const s = peer.connectionState;
+  setState(s, s === 'connected' ? 'Connected: speak!' : undefined);
+  if (s === 'failed') {
+    showError('The connection failed (no network path to the server?).');
+    stop({ keepError: true });
+  }
+}
+
+async function stop({ keepError = false, hangUp = true } = {}) {
+  if (!keepError) clearError();
+  clearInterval(statsTimer);
+  statsTimer = null;
+  const id = sessionId;
+  const peer = pc;
+  sessionId = null;
+  pc = null;
+  mic?.getTracks().forEach((track) => track.stop());
+  mic = null;
+  ui.video.srcObject = null;
+  if (avatarId) selectAvatar(avatarId); // the poster again
+  for (const value of ui.stats.querySelectorAll('dd')) value.textContent = '–';
+  setRunning(false);
+  setState('stopped', 'Stopped');
+  // Hang up before closing the peer: a closed peer ends the session on the server by itself,
+  // and the DELETE would then race it. Let a stats poll in flight finish first, too.
+  if (id && hangUp) {
+    await statsPoll;
+    try {
+      await api('DELETE', `sessions/${id}`);
+    } catch (error) {
+      if (error.status !== 404) showError(`Could not end the session: ${error.message}`);
+    }
+  }
+  peer?.close();
+}
+
+// ---- knobs --------------------------------------------------------------------------
+
+let patchTimer = null;
+
+function onKnob(input) {
+  $(`${input.id}-value`).textContent = Number(input.value).toFixed(2);
+  clearTimeout(patchTimer);
+  patchTimer = setTimeout(async () => {
+    if (!sessionId) return;
+    try {
+      await api('PATCH', `sessions/${sessionId}`, knobs());
+    } catch (error) {
+      showError(`Could not update the session: ${error.message}`);
+    }
+  }, 100);
+}
+
+// ---- stats --------------------------------------------------------------------------
+
+function showStat(name, value) {
+  ui.stats.querySelector(`[data-stat="${name}"]`).textContent = value;
+}
+
+function ms(seconds) {
+  if (!Number.isFinite(seconds)) return '–';
+  const value = 1000 * seconds;
+  return `${value.toFixed(Math.abs(value) < 10 ? 1 : 0)} ms`;
+}
+
+// Mean jitter-buffer delay over the last interval (cumulative mean before the first one).
+function jitterDelay(now, before) {
+  if (!now?.jitterBufferEmittedCount) return NaN;
+  const count = now.jitterBufferEmittedCount - (before?.jitterBufferEmittedCount ?? 0);
+  const delay = now.jitterBufferDelay - (before?.jitterBufferDelay ?? 0);
+  return count > 0 ? delay / count : now.jitterBufferDelay / now.jitterBufferEmittedCount;
+}
+
+async function refreshStats() {
+  const peer = pc;
+  if (!peer) return;
+  let video;
+  let audio;
+  let pair;
+  let report;
+  try {
+    report = await peer.getStats();
+  } catch {
+    return; // closed meanwhile
+  }
+  if (peer !== pc) return; // stopped meanwhile
+  report.forEach((s) => {
+    if (s.type === 'inbound-rtp' && s.kind === 'video') video = s;
+    else if (s.type === 'inbound-rtp' && s.kind === 'audio') audio = s;
+    else if (s.type === 'transport' && s.selectedCandidatePairId) {
+      pair = report.get(s.selectedCandidatePairId);
+    }
+  });
+  report.forEach((s) => {
+    if (!pair && s.type === 'candidate-pair' && s.nominated && s.state === 'succeeded') pair = s;
+  });
+  const now = { t: performance.now(), video, audio };
+  const before = previous;
+  previous = now;
+
+  framesDecoded = video?.framesDecoded ?? 0;
+  let fps = video?.framesPerSecond;
+  if (fps === undefined && before?.video) {
+    fps = (framesDecoded - before.video.framesDecoded) / ((now.t - before.t) / 1000);
+  }
+  const videoDelay = jitterDelay(video, before?.video);
+  const audioDelay = jitterDelay(audio, before?.audio);
+  showStat('fps', Number.isFinite(fps) ? fps.toFixed(1) : '–');
+  showStat('framesDecoded', String(framesDecoded));
+  showStat('rtt', ms(pair?.currentRoundTripTime));
+  showStat('videoJitter', ms(videoDelay));
+  showStat('audioJitter', ms(audioDelay));
+  showStat('avOffset', ms(videoDelay - audioDelay));
+  ui.stats.dataset.framesDecoded = String(framesDecoded);
+
+  if (!sessionId) return;
+  try {
+    const { stats } = await api('GET', `sessions/${sessionId}`);
+    if (peer !== pc) return;
+    showStat('pipelineP95', stats.pipeline_delay_ms?.p95 != null
+      ? `${stats.pipeline_delay_ms.p95.toFixed(0)} ms` : '–');
+    showStat('serverFps', stats.fps != null ? stats.fps.toFixed(1) : '–');
+  } catch (error) {
+    if (error.status === 404 && peer === pc) {
+      showError('The server ended the session.');
+      stop({ keepError: true, hangUp: false });
+    }
+  }
+}
+
+// ---- wiring -------------------------------------------------------------------------
+
+ui.start.addEventListener('click', start);
+ui.stop.addEventListener('click', () => stop());
+ui.upload.addEventListener('change', uploadAvatar);
+ui.mute.addEventListener('change', () => { ui.video.muted = ui.mute.checked; });
+ui.motion.addEventListener('input', () => onKnob(ui.motion));
+ui.dynamic.addEventListener('input', () => onKnob(ui.dynamic));
+// Leaving the page ends the session at once rather than after the server's peer timeout.
+window.addEventListener('pagehide', () => {
+  if (sessionId) fetch(`sessions/${sessionId}`, { method: 'DELETE', keepalive: true });
+});
+
+window.sonic = {
+  get state() { return state; },
+  get sessionId() { return sessionId; },
+  get avatarId() { return avatarId; },
+  // Fresh from the receiver's stats, not the last panel refresh.
+  async framesDecoded() {
+    if (!pc) return framesDecoded;
+    let frames = framesDecoded;
+    (await pc.getStats()).forEach((s) => {
+      if (s.type === 'inbound-rtp' && s.kind === 'video') frames = s.framesDecoded ?? frames;
+    });
+    return frames;
+  },
+};
+
+loadAvatars().catch((error) => {
+  ui.avatars.replaceChildren();
+  showError(`Could not load the avatars: ${error.message}`);
+});

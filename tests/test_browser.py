@@ -1,0 +1,207 @@
+"""The web page end to end in a real browser: Debian's headless Chromium, driven by Playwright.
+
+Chromium's fake microphone plays the espeak-ng speech WAV; the page sends it to the server
+over WebRTC on loopback and must show the avatar's video, keep decoding frames at the
+server's rate, pass slider moves to the session, and end the session on Stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = Path("/tmp/page.png")
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed "
+                       "(apt-get install chromium)"),
+    pytest.mark.timeout(180),  # the shared server fixture may start inside this test
+]
+playwright_api = pytest.importorskip("playwright.async_api",
+                                     reason="playwright is not installed (pip install .[test])")
+
+
+def chromium_args(speech_wav: Path) -> list[str]:
+    """Keep the browser on loopback and feed it the speech as its microphone.
+
+    Chromium keeps only the last ``--disable-features``; ours follows Playwright's own
+    list, so exactly these features are off. Without a shell the host rules need no quotes.
+    """
+    return [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={speech_wav}",
+        "--allow-loopback-in-peer-connection",
+        "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+        "--disable-features=WebRtcHideLocalIpsWithMdns,MediaRouter,DialMediaRouteProvider",
+    ]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+async def get_json(url: str) -> dict:
+    return await asyncio.to_thread(_get, url)
+
+
+async def poll(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    """Await ``check()`` until it returns something truthy, or fail saying ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def msid_streams(sdp: str) -> dict[str, str]:
+    """kind -> the MediaStream id of each m-line's msid (same id: played in sync)."""
+    streams: dict[str, str] = {}
+    for section in re.split(r"\r?\nm=", sdp)[1:]:
+        match = re.search(r"^a=msid:(\S+)", section, re.MULTILINE)
+        if match:
+            streams[section.split(" ", 1)[0]] = match.group(1)
+    return streams
+
+
+COUNT_VIDEO_FRAMES = """() => {
+    const video = document.getElementById('video');
+    window.presented = 0;
+    const tick = () => { window.presented += 1; video.requestVideoFrameCallback(tick); };
+    video.requestVideoFrameCallback(tick);
+}"""
+
+SAMPLE = """async () => ({
+    frames: await window.sonic.framesDecoded(),
+    currentTime: document.getElementById('video').currentTime,
+    presented: window.presented,
+})"""
+
+
+async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
+    expect = playwright_api.expect
+    async with playwright_api.async_playwright() as pw:
+        context = await pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=chromium_args(speech_wav), viewport={"width": 1200, "height": 860},
+            timeout=30_000)
+        try:
+            context.set_default_timeout(10_000)
+            page = context.pages[0] if context.pages else await context.new_page()
+            problems: list[str] = []
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.on("console", lambda m: problems.append(f"console: {m.text}")
+                    if m.type == "error" else None)
+
+            # The avatar list renders, with the default avatar chosen and its thumbnail.
+            await page.goto(f"{server.url}/", wait_until="load")
+            await expect(page).to_have_title(re.compile("Sonic"))
+            default = page.locator("#avatar-list input[value='astronaut']")
+            await expect(default).to_be_checked()
+            await expect(page.locator("#avatar-list img").first).to_have_js_property(
+                "complete", True)
+            assert await page.locator("#avatar-list img").first.evaluate(
+                "img => img.naturalWidth") > 0
+
+            # A failed upload shows the server's complaint. (No successful upload here: the
+            # shared server's avatar list must stay as the other tests expect it.)
+            await page.locator("#upload").set_input_files(
+                {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"})
+            await expect(page.locator("#error")).to_contain_text("Upload failed: ")
+            await expect(default).to_be_checked()
+            problems.clear()  # the browser logs the failed request itself
+
+            # Start: the page offers, the server answers, ICE connects over loopback.
+            async with page.expect_response("**/offer") as answered:
+                await page.click("#start")
+            response = await answered.value
+            assert response.status == 200, await response.text()
+            answer = await response.json()
+            streams = msid_streams(answer["sdp"])
+            assert streams.get("audio") and streams.get("audio") == streams.get("video"), \
+                f"returned audio and video must share one MediaStream to play in sync: {streams}"
+            await page.wait_for_function("window.sonic.state === 'connected'", timeout=15_000)
+            session_id = await page.evaluate("window.sonic.sessionId")
+            assert session_id == answer["session_id"]
+            await expect(page.locator("#status")).to_have_attribute("data-state", "connected")
+            kinds = await page.evaluate(
+                "document.getElementById('video').srcObject.getTracks().map(t => t.kind).sort()")
+            assert kinds == ["audio", "video"]
+
+            # Frames keep coming: decoded, presented, and the element's clock runs.
+            await page.evaluate(COUNT_VIDEO_FRAMES)
+            await page.wait_for_function("window.presented > 0", timeout=10_000)
+            before = await page.evaluate(SAMPLE)
+            await asyncio.sleep(5.0)
+            after = await page.evaluate(SAMPLE)
+            decoded = after["frames"] - before["frames"]
+            assert decoded >= 100, f"only {decoded} frames decoded in 5 s"
+            assert after["currentTime"] - before["currentTime"] >= 4.0, (before, after)
+            assert after["presented"] - before["presented"] >= 50, (before, after)
+            assert await page.evaluate("document.getElementById('video').videoWidth") == 256
+
+            # The stats panel shows numbers (it refreshes every second).
+            stats = page.locator("#stats")
+            await expect(stats.locator("[data-stat='fps']")).to_have_text(re.compile(r"^\d"))
+            fps = float(await stats.locator("[data-stat='fps']").inner_text())
+            assert 18 <= fps <= 32, fps
+            for name in ("framesDecoded", "rtt", "videoJitter", "audioJitter", "avOffset",
+                         "pipelineP95", "serverFps"):
+                shown = stats.locator(f"[data-stat='{name}']")
+                try:
+                    await expect(shown).to_have_text(re.compile(r"^-?\d"))
+                except AssertionError as exc:
+                    described = await get_json(f"{server.url}/sessions/{session_id}")
+                    raise AssertionError(f"stat {name} shows no number; the server's session: "
+                                         f"{described}") from exc
+
+            # A slider move reaches the session (debounced PATCH).
+            await page.locator("#motion-scale").fill("0.5")
+            await expect(page.locator("#motion-scale-value")).to_have_text("0.50")
+
+            async def motion_scale_applied() -> bool:
+                described = await get_json(f"{server.url}/sessions/{session_id}")
+                return described["options"]["motion_scale"] == 0.5
+
+            await poll(motion_scale_applied, 5.0, "the server to see motion_scale=0.5")
+
+            # Returned audio starts muted; unmuting and muting again never stops the video.
+            mute = page.locator("#mute")
+            await expect(mute).to_be_checked()
+            assert await page.evaluate("document.getElementById('video').muted") is True
+            await mute.uncheck()
+            assert await page.evaluate("document.getElementById('video').muted") is False
+            presented = await page.evaluate("window.presented")
+            await page.wait_for_function(f"window.presented > {presented + 10}", timeout=5_000)
+            await mute.check()
+            assert await page.evaluate(
+                "(v => v.muted && !v.paused)(document.getElementById('video'))")
+
+            await page.screenshot(path=str(SCREENSHOT))
+
+            # Stop: the session ends on the server, the page goes back to idle.
+            await page.click("#stop")
+            await expect(page.locator("#status")).to_have_attribute("data-state", "stopped")
+            await expect(page.locator("#start")).to_be_enabled()
+
+            async def session_gone() -> bool:
+                listed = await get_json(f"{server.url}/sessions")
+                return all(s["session_id"] != session_id for s in listed["sessions"])
+
+            await poll(session_gone, 5.0, f"session {session_id} to end")
+            await expect(page.locator("#error")).to_be_hidden()
+            assert not problems, problems
+        finally:
+            await context.close()
