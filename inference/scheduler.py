@@ -52,9 +52,15 @@ class RuntimeEstimate:
     def __init__(self, keep: int = 9) -> None:
         self._runs: dict[tuple[int, int], deque[float]] = {}
         self._keep = keep
+        self._last_update: dict[int, float] = {}
 
-    def update(self, frame_size: int, batch: int, seconds: float) -> None:
+    def update(self, frame_size: int, batch: int, seconds: float, at: float = 0.0) -> None:
         self._runs.setdefault((frame_size, batch), deque(maxlen=self._keep)).append(seconds)
+        self._last_update[frame_size] = at
+
+    def last_update(self, frame_size: int) -> float:
+        """Loop time of the last run of this frame size (-inf if none)."""
+        return self._last_update.get(frame_size, float("-inf"))
 
     def _median(self, key: tuple[int, int]) -> float:
         return float(np.median(self._runs[key]))
@@ -78,15 +84,27 @@ class RuntimeEstimate:
         return max((r for r in rates if np.isfinite(r)), default=0.0)
 
 
+PROBE_AFTER_S = 1.0
+
+
 def plan_batch(pending: list[FrameRequest], now: float, max_batch: int,
                estimate: RuntimeEstimate) -> BatchPlan:
     """Earliest deadline first; the batch takes the most urgent request's frame size.
 
     A request that would miss its deadline even if run alone now, at the fastest speed seen
-    recently, is dropped: only surely lost work is shed, and the estimate keeps learning.
+    recently, is dropped: only surely lost work is shed. But when a frame size has not run
+    for ``PROBE_AFTER_S`` (the estimate may be stale, say from a busy start-up), its most
+    urgent unexpired request runs anyway as a probe, so the estimate can recover.
     """
-    drop = [r for r in pending
-            if r.future.done() or now + estimate.fastest(r.size, 1) > r.deadline]
+    probes = set()
+    for size in {r.size for r in pending}:
+        if now - estimate.last_update(size) > PROBE_AFTER_S:
+            fresh = [r for r in pending if r.size == size and not r.future.done()
+                     and r.deadline > now]
+            if fresh:
+                probes.add(id(min(fresh, key=lambda r: r.deadline)))
+    drop = [r for r in pending if r.future.done() or (
+        id(r) not in probes and now + estimate.fastest(r.size, 1) > r.deadline)]
     live = sorted((r for r in pending if r not in drop), key=lambda r: r.deadline)
     if not live:
         return BatchPlan(run=[], drop=drop)
@@ -173,7 +191,7 @@ class Scheduler:
         start = loop.time()
         await loop.run_in_executor(self._executor, self.engine.run, batch)
         self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch),
-                             loop.time() - start)
+                             loop.time() - start, at=loop.time())
 
     def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
         loop = asyncio.get_running_loop()
@@ -243,7 +261,7 @@ class Scheduler:
                 self._finish_dropped(request, "error")
             return
         seconds = loop.time() - start
-        self.estimate.update(batch[0].size, len(batch), seconds)
+        self.estimate.update(batch[0].size, len(batch), seconds, at=loop.time())
         self.stats.batches += 1
         self.stats.frames += len(batch)
         self.stats.last_batch_size = len(batch)

@@ -78,7 +78,8 @@ def create_app(settings: Settings) -> web.Application:
                             STATIC_DIR)
         app[state_key] = state
         await scheduler.start()
-        await asyncio.gather(_warm_up(state), asyncio.to_thread(_warm_librosa))
+        await asyncio.to_thread(_warm_librosa)
+        await _warm_up(state)  # after librosa, so the engine timings are not contended
         log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
                  settings.engine.runtime, scheduler.capacity_fps(settings.video.size),
                  settings.video.size, settings.video.size)

@@ -25,7 +25,7 @@ def loop():
 
 def _estimate(per_frame: float, size: int = 256) -> RuntimeEstimate:
     estimate = RuntimeEstimate()
-    estimate.update(size, 1, per_frame)
+    estimate.update(size, 1, per_frame, at=0.0)
     return estimate
 
 
@@ -100,3 +100,15 @@ def test_only_surely_lost_requests_are_dropped(loop):
     tight = _request(loop, 0.020)
     plan = plan_batch([tight], now=0.0, max_batch=8, estimate=estimate)
     assert plan.run == [tight]  # it might still make it: run it, and keep measuring
+
+
+def test_a_stale_pessimistic_estimate_is_probed_not_trusted_forever(loop):
+    estimate = RuntimeEstimate()
+    estimate.update(512, 1, 0.040, at=0.0)  # one slow run at start-up
+    soon, later = _request(loop, 5.02, 512), _request(loop, 5.03, 512)
+    plan = plan_batch([soon, later], now=5.0, max_batch=1, estimate=estimate)
+    assert plan.run == [soon]  # probed: nothing of this size ran for a second
+    assert plan.drop == [later]
+    estimate.update(512, 1, 0.040, at=5.0)
+    plan = plan_batch([_request(loop, 5.03, 512)], now=5.001, max_batch=1, estimate=estimate)
+    assert plan.run == []  # a fresh estimate is trusted
