@@ -86,6 +86,9 @@ class SessionSettings:
     peer_timeout_s: float = 10.0
     """A session whose peer sends no media for this long (or never connects) is closed."""
     max_sessions: int = 16
+    max_engine_load: float = 0.9
+    """Admit a session only while all sessions need at most this share of the engine's
+    measured capacity (frames/s at their frame size); the rest is headroom for jitter."""
     motion_scale: float = 1.0
     dynamic_scale: float = 1.0
 
@@ -124,6 +127,8 @@ class Settings:
              f"session.peer_timeout_s={self.session.peer_timeout_s} must be positive"),
             (self.session.max_sessions >= 1,
              f"session.max_sessions={self.session.max_sessions} must be >= 1"),
+            (self.session.max_engine_load > 0,
+             f"session.max_engine_load={self.session.max_engine_load} must be positive"),
             (self.avatar.expand_ratio >= 0,
              f"avatar.expand_ratio={self.avatar.expand_ratio} must be >= 0"),
             (self.engine.intra_op_threads >= 1,

@@ -40,6 +40,9 @@ class Metrics:
             registry=r)
         self.http_errors = Counter("sonic_http_errors", "Requests answered with an error",
                                    ["status", "code"], registry=r)
+        self.engine_load = Gauge("sonic_engine_load",
+                                 "Share of the engine's measured capacity live sessions need",
+                                 registry=r)
         self.capacity_fps = Gauge("sonic_engine_capacity_fps",
                                   "Frames/s the engine sustained at its best batch size",
                                   ["size"], registry=r)

@@ -33,10 +33,19 @@ class SessionManager:
         self.metrics = metrics
         self._sessions: dict[str, Session] = {}
         self._peers: dict[str, list[RTCPeerConnection]] = {}
-        self._reserved = 0
+        self._reserved: list[int] = []  # sizes of sessions being created
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def _frame_cost(self, size: int) -> float:
+        """Share of the engine one session of this frame size takes, by measured capacity."""
+        capacity = self.scheduler.capacity_fps(size)
+        return self.settings.video.fps / capacity if capacity > 0 else 0.0
+
+    def engine_load(self) -> float:
+        """Share of the engine's measured capacity the live sessions need at full frame rate."""
+        return sum(self._frame_cost(s.avatar.size) for s in self._sessions.values())
 
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
@@ -46,14 +55,19 @@ class SessionManager:
 
     async def create(self, avatar_id: str, size: int, options: SessionOptions) -> Session:
         """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
-        if len(self._sessions) + self._reserved >= self.settings.session.max_sessions:
-            raise AtCapacity(f"server holds its maximum of "
-                             f"{self.settings.session.max_sessions} sessions")
-        self._reserved += 1
+        limits = self.settings.session
+        if len(self._sessions) + len(self._reserved) >= limits.max_sessions:
+            raise AtCapacity(f"server holds its maximum of {limits.max_sessions} sessions")
+        load = self.engine_load() + sum(map(self._frame_cost, self._reserved))
+        if load + self._frame_cost(size) > limits.max_engine_load:
+            raise AtCapacity(f"the engine is at {load:.0%} of its measured capacity; another "
+                             f"{size}x{size} session would pass session.max_engine_load="
+                             f"{limits.max_engine_load}")
+        self._reserved.append(size)
         try:
             handle = await self.avatars.acquire(avatar_id, size)
         finally:
-            self._reserved -= 1
+            self._reserved.remove(size)
         session = Session(uuid.uuid4().hex, handle, options,
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, scheduler=self.scheduler,

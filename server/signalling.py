@@ -92,6 +92,7 @@ async def healthz(request: web.Request) -> web.Response:
         "model": state.manifest.name,
         "runtime": state.settings.engine.runtime,
         "capacity_fps": round(state.scheduler.capacity_fps(size), 1),
+        "engine_load": round(state.sessions.engine_load(), 3),
         "frame_size": size,
     })
 
@@ -101,6 +102,7 @@ async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
 
     def refresh() -> None:
+        state.metrics.engine_load.set(state.sessions.engine_load())
         for size in state.settings.video.allowed_sizes:
             state.metrics.capacity_fps.labels(size=str(size)).set(
                 state.scheduler.capacity_fps(size))

@@ -189,3 +189,19 @@ async def test_a_peer_that_vanishes_is_cleaned_up(server, speech_wav):
         async with http.get(f"{server.url}/metrics") as response:
             assert 'sonic_sessions_closed_total{reason="peer timeout"}' in await response.text()
         json.dumps(sessions)
+
+
+async def test_a_session_the_engine_cannot_carry_is_refused_up_front():
+    from conftest import ServerProcess
+
+    tiny = ServerProcess("--set", "session.max_engine_load=0.001")
+    try:
+        await asyncio.to_thread(tiny.wait_ready)
+        async with aiohttp.ClientSession() as http:
+            body = await _expect(http, "POST", f"{tiny.url}/offer", 503, "at_capacity",
+                                 json={"sdp": await _offer_sdp(), "type": "offer"})
+            assert "max_engine_load" in body["message"]
+            async with http.get(f"{tiny.url}/sessions") as response:
+                assert (await response.json())["sessions"] == []
+    finally:
+        tiny.stop()
