@@ -17,7 +17,9 @@ from typing import Protocol
 import numpy as np
 
 #: Face geometry handed to the model, normalised to [-1, 1] (grid-sample convention,
-#: x to the right, y downwards) in the prepared portrait's frame.
+#: x to the right, y downwards) in the prepared portrait's frame; "left"/"right" are the
+#: image's sides. Measured from face landmarks (inference/face_geometry.py). A model takes
+#: the first ``len(manifest.geometry_names)`` values, so older models keep working.
 GEOMETRY_NAMES: tuple[str, ...] = (
     "mouth_x",
     "mouth_y",
@@ -27,6 +29,31 @@ GEOMETRY_NAMES: tuple[str, ...] = (
     "eye_left_y",
     "eye_right_x",
     "eye_right_y",
+    "mouth_corner_left_x",
+    "mouth_corner_left_y",
+    "mouth_corner_right_x",
+    "mouth_corner_right_y",
+    "mouth_inner_half_width",  # half the distance between the inner lip corners (78/308)
+    "upper_lip_outer_y",  # vermilion border of the upper lip (0)
+    "upper_lip_inner_y",  # (13)
+    "lower_lip_inner_y",  # (14); above upper_lip_inner_y never, equal when lips touch
+    "lower_lip_outer_y",  # (17)
+    "chin_x",  # (152); chin_y is in the first eight
+    "jaw_left_x",  # lower jaw sides (172 / 397)
+    "jaw_left_y",
+    "jaw_right_x",
+    "jaw_right_y",
+    "eye_left_upper_y",  # upper / lower lid at the pupil column (159 / 145)
+    "eye_left_lower_y",
+    "eye_left_half_width",  # half the corner-to-corner width (33 / 133)
+    "eye_right_upper_y",  # (386 / 374)
+    "eye_right_lower_y",
+    "eye_right_half_width",  # (362 / 263)
+    "nose_x",  # nose tip (1)
+    "nose_y",
+    "face_left_x",  # face outline at the cheekbones (234 / 454)
+    "face_right_x",
+    "forehead_y",  # top of the face outline (10)
 )
 
 #: Per-request knobs, in input order.
@@ -111,6 +138,7 @@ class PreparedPortrait:
 
     image: np.ndarray  # uint8 RGB, (size, size, 3)
     geometry: np.ndarray  # float32, (len(GEOMETRY_NAMES),)
+    source: str = "haar"  # what placed the geometry: "landmarks" or "haar" proportions
 
     @property
     def size(self) -> int:

@@ -509,28 +509,18 @@ def prepare_portrait(
         crop = cv2.resize(crop, (size, size), interpolation=interp)
     crop = np.ascontiguousarray(crop)
 
-    # Continuous image coords -> crop -> [-1, 1]: u' = (u - x0) * size / side, n = 2u'/size - 1.
-    k = 2.0 / side
+    # The face box in the crop's pixels seeds the landmark model and is its fallback.
+    k = size / side
 
-    def nx(u: float) -> float:
-        return (u - x0) * k - 1.0
+    def in_crop(point: tuple[float, float] | None) -> tuple[float, float] | None:
+        return None if point is None else ((point[0] - x0) * k, (point[1] - y0) * k)
 
-    def ny(v: float) -> float:
-        return (v - y0) * k - 1.0
+    crop_face = FaceBox(x=(face.x - x0) * k, y=(face.y - y0) * k, w=face.w * k, h=face.h * k,
+                        left_eye=in_crop(face.left_eye), right_eye=in_crop(face.right_eye))
+    from inference.face_geometry import portrait_geometry  # it imports this module
 
-    pts = _face_points(face)
-    values = {
-        "mouth_x": nx(pts["mouth"][0]),
-        "mouth_y": ny(pts["mouth"][1]),
-        "mouth_half_width": pts["half_width"][0] * k,
-        "chin_y": ny(pts["chin"][1]),
-        "eye_left_x": nx(pts["eye_left"][0]),
-        "eye_left_y": ny(pts["eye_left"][1]),
-        "eye_right_x": nx(pts["eye_right"][0]),
-        "eye_right_y": ny(pts["eye_right"][1]),
-    }
-    geometry = np.clip(np.array([values[n] for n in GEOMETRY_NAMES], np.float32), -1.0, 1.0)
-    return PreparedPortrait(image=crop, geometry=geometry)
+    geometry, source = portrait_geometry(crop, crop_face)
+    return PreparedPortrait(image=crop, geometry=geometry, source=source)
 
 
 def draw_geometry(portrait: PreparedPortrait) -> np.ndarray:

@@ -16,6 +16,7 @@ import onnx
 import pytest
 
 from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FrameInput, Manifest, PreparedPortrait
+from inference.face_geometry import portrait_geometry
 from inference.features import StreamingLogMel
 from inference.runtimes import create_engine
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
@@ -24,17 +25,14 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "engines" / "sonic-lite.json"
 AVATAR = REPO / "static" / "avatars" / "astronaut.png"
 COEFFICIENTS = (
-    "jawOpen",
-    "mouthStretchLeft",
-    "mouthStretchRight",
-    "mouthFunnel",
-    "eyeBlinkLeft",
-    "eyeBlinkRight",
-    "headPitch",
-    "headYaw",
-    "headRoll",
+    "jawOpen", "mouthClose", "mouthFunnel", "mouthPucker", "mouthStretchLeft",
+    "mouthStretchRight", "mouthSmileLeft", "mouthSmileRight", "mouthRollLower",
+    "mouthPressLeft", "mouthPressRight",
+    "eyeBlinkLeft", "eyeBlinkRight", "headPitch", "headYaw", "headRoll",
 )
-JAW, STRETCH_L, STRETCH_R, FUNNEL, BLINK_L, BLINK_R, PITCH, YAW, ROLL = range(9)
+JAW, FUNNEL, STRETCH_L, STRETCH_R = (COEFFICIENTS.index(n) for n in (
+    "jawOpen", "mouthFunnel", "mouthStretchLeft", "mouthStretchRight"))
+BLINK_L, BLINK_R, PITCH, YAW, ROLL = range(11, 16)
 
 # The astronaut's face, measured by hand in the 512x512 original (pixel centres).
 FACE_PX = {
@@ -52,27 +50,8 @@ def astronaut(size: int, crop: tuple[int, int, int, int] = CROP) -> PreparedPort
     y0, x0, y1, x1 = crop
     rgb = cv2.cvtColor(cv2.imread(str(AVATAR)), cv2.COLOR_BGR2RGB)
     image = cv2.resize(rgb[y0:y1, x0:x1], (size, size), interpolation=cv2.INTER_AREA)
-    half_w, half_h = (x1 - x0) / 2.0, (y1 - y0) / 2.0
-
-    def nx(x: float) -> float:
-        return (x + 0.5 - x0) / half_w - 1.0
-
-    def ny(y: float) -> float:
-        return (y + 0.5 - y0) / half_h - 1.0
-
-    geometry = np.array(
-        [
-            nx(FACE_PX["mouth"][0]),
-            ny(FACE_PX["mouth"][1]),
-            FACE_PX["mouth_half_width"] / half_w,
-            ny(FACE_PX["chin_y"]),
-            nx(FACE_PX["eye_left"][0]),
-            ny(FACE_PX["eye_left"][1]),
-            nx(FACE_PX["eye_right"][0]),
-            ny(FACE_PX["eye_right"][1]),
-        ],
-        np.float32,
-    )
+    image = np.ascontiguousarray(image)
+    geometry, _ = portrait_geometry(image)  # face mesh where it runs, Haar proportions else
     return PreparedPortrait(image=np.ascontiguousarray(image), geometry=geometry)
 
 
@@ -385,7 +364,8 @@ def test_batch_of_three_equals_three_single_runs(
             ),
         ]
         batched = engine.run(inputs)
-        assert batched.frames.shape == (3, 256, 256, 3) and batched.coefficients.shape == (3, 9)
+        assert batched.frames.shape == (3, 256, 256, 3)
+        assert batched.coefficients.shape == (3, len(COEFFICIENTS))
         for k, item in enumerate(inputs):
             single = engine.run([item])
             np.testing.assert_allclose(

@@ -17,7 +17,9 @@ import onnx
 import torch
 
 from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FeatureSpec
+from inference.face_geometry import geometry_from_face_box
 from inference.model.sonic_lite import COEFFICIENT_NAMES, SonicLite
+from inference.portrait import FaceBox
 
 NAME = "sonic-lite"
 OPSET = 17
@@ -53,7 +55,8 @@ def build_model() -> SonicLite:
 
 def example_inputs(batch: int = 2, size: int = 64) -> tuple[torch.Tensor, ...]:
     """Tracing inputs; the values only need to be plausible."""
-    geometry = torch.tensor([[0.0, 0.3, 0.15, 0.6, -0.3, -0.2, 0.3, -0.2]]).repeat(batch, 1)
+    face = FaceBox(x=0.25 * size, y=0.2 * size, w=0.5 * size, h=0.5 * size)
+    geometry = torch.from_numpy(geometry_from_face_box(face, size)).repeat(batch, 1)
     return (
         torch.full((batch, WINDOW_FRAMES, FeatureSpec().n_mels), -4.0),
         torch.full((batch, 3, size, size), 0.5),

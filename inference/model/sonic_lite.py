@@ -18,14 +18,9 @@ different sessions batch freely):
    incommensurate sines, ~1-2 degrees) plus a small speech-driven nod, both scaled by
    ``dynamic_scale``. Signs: positive headPitch nods the chin down, positive headYaw
    moves the face to the image's right, positive headRoll turns it clockwise on screen.
-3. Rendering: a backward flow field, built at full resolution as a low-rank sum of
-   separable 1-D profiles (one batched MatMul, cheaper and sharper than upsampling a
-   coarse grid), drives a single ``grid_sample``: the jaw opens (everything between the
-   mouth line and the chin moves down, fading out laterally and below the chin so the
-   neck compresses instead of tearing), the upper lip lifts a little, the lips spread
-   or round, the upper lids slide down over the eyes, and the head sways. A soft
-   lens-shaped mouth cavity (dark red with a hint of upper teeth) then fills the gap
-   between the lips.
+3. Rendering (``inference.model.renderer``): one backward flow field anchored on the
+   portrait's face landmarks and one ``grid_sample``, then the mouth interior where the
+   lips part; each coefficient does what its ARKit name says.
 
 Geometry follows the grid-sample convention (normalised [-1, 1], align_corners=False,
 y down). The portrait is assumed square (as prepared by the server); the flow is
@@ -40,21 +35,12 @@ import librosa
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from inference.engine import FeatureSpec
+from inference.model.blendshapes import ALL
+from inference.model.renderer import Renderer
 
-COEFFICIENT_NAMES: tuple[str, ...] = (
-    "jawOpen",
-    "mouthStretchLeft",
-    "mouthStretchRight",
-    "mouthFunnel",
-    "eyeBlinkLeft",
-    "eyeBlinkRight",
-    "headPitch",
-    "headYaw",
-    "headRoll",
-)
+COEFFICIENT_NAMES: tuple[str, ...] = ALL
 
 #: Frequency bands (Hz) whose energies drive the motion, in column order.
 BANDS: tuple[tuple[str, float, float], ...] = (
@@ -101,11 +87,6 @@ class SonicLite(nn.Module):
     sigma_frames: float = 3.0
     nod_sigma_frames: float = 5.0
 
-    # Rendering constants, relative to the face's own distances.
-    jaw_drop: float = 0.42  # of the mouth-chin distance at jawOpen=1
-    upper_lip_share: float = 0.22  # part of the opening taken by the upper lip lifting
-    eye_half_height: float = 0.075  # of the eye distance
-
     def __init__(
         self,
         spec: FeatureSpec | None = None,
@@ -131,9 +112,7 @@ class SonicLite(nn.Module):
         t = np.arange(window_frames, dtype=np.float64)
         self.register_buffer("kernel", self._gauss(t, centre + self.lead_frames, self.sigma_frames))
         self.register_buffer("nod_kernel", self._gauss(t, centre, self.nod_sigma_frames))
-        # Mouth cavity colours (RGB in [0, 1]): throat, tongue, teeth.
-        palette = [[0.09, 0.025, 0.03], [0.58, 0.22, 0.24], [0.82, 0.78, 0.72]]
-        self.register_buffer("palette", torch.tensor(palette))
+        self.renderer = Renderer()
 
     @staticmethod
     def _gauss(t: np.ndarray, centre: float, sigma: float) -> Tensor:
@@ -197,124 +176,6 @@ class SonicLite(nn.Module):
         pitch = pitch + 1.2 * deg * nod  # chin dips a little while talking
         return blink, dynamic_scale * pitch, dynamic_scale * yaw, dynamic_scale * roll
 
-    # ------------------------------------------------------------------ render
-    def render(self, portrait: Tensor, geometry: Tensor, coeffs: Tensor) -> Tensor:
-        """Warp the portrait by the coefficients; returns float RGB (B, 3, H, W)."""
-        height, width = portrait.shape[2], portrait.shape[3]
-        device = portrait.device
-        ys = (torch.arange(height, dtype=torch.float32, device=device) + 0.5) * (2.0 / height) - 1.0
-        xs = (torch.arange(width, dtype=torch.float32, device=device) + 0.5) * (2.0 / width) - 1.0
-        ys = ys[None, :]  # (1, H)
-        xs = xs[None, :]  # (1, W)
-
-        def col(i: int) -> Tensor:
-            return geometry[:, i : i + 1]  # (B, 1)
-
-        mx, my, mw, cy = col(0), col(1), col(2).clamp(min=0.01), col(3)
-        elx, ely, erx, ery = col(4), col(5), col(6), col(7)
-        jaw, spread, funnel = coeffs[:, 0:1], coeffs[:, 1:2], coeffs[:, 3:4]
-        blink_l, blink_r = coeffs[:, 4:5], coeffs[:, 5:6]
-        pitch, yaw, roll = coeffs[:, 6:7], coeffs[:, 7:8], coeffs[:, 8:9]
-
-        eye_dist = (erx - elx).abs().clamp(min=0.02)
-        eye_y = 0.5 * (ely + ery)
-        eye_chin = (cy - eye_y).clamp(min=0.05)
-        mouth_chin = (cy - my).clamp(min=0.02)
-
-        # Head: translation from yaw/pitch about a pivot one eye-chin distance behind
-        # the face, roll about the neck, fading out around the head.
-        face_x = 0.5 * (elx + erx)
-        tx = yaw * eye_chin
-        ty = pitch * eye_chin
-        pivot_x, pivot_y = mx, cy + 0.3 * eye_chin
-        head_x = 1.0 - _smoothstep(1.8 * eye_dist, 3.0 * eye_dist, (xs - face_x).abs())
-        head_y = _smoothstep(eye_y - 2.0 * eye_chin, eye_y - 1.3 * eye_chin, ys) * (
-            1.0 - _smoothstep(cy + 0.1 * eye_chin, cy + 0.6 * eye_chin, ys)
-        )
-
-        def moved(px: Tensor, py: Tensor) -> tuple[Tensor, Tensor]:
-            """Where a face point ends up after the head motion (inside the plateau)."""
-            return px + tx - roll * (py - pivot_y), py + ty + roll * (px - pivot_x)
-
-        mx, my = moved(mx, my)
-        _, cy = moved(col(0), cy)
-        elx, ely = moved(elx, ely)
-        erx, ery = moved(erx, ery)
-
-        # Jaw, in two separable terms that add up to the full opening at the mouth
-        # centre: a lens-shaped lip gap (closed at the mouth corners) and, below the lower
-        # lip, a broad jaw/chin region that also fades out laterally and under the chin.
-        drop = jaw * self.jaw_drop * mouth_chin
-        share = self.upper_lip_share
-        stretch = 0.2 * spread - 0.28 * funnel - 0.06 * jaw
-        corner = mw * (1.0 + stretch)
-        ramp = _soft_clamp01((ys - my) / drop.clamp(min=1e-4) + share, 0.12)
-        opening = drop * (ramp - share * _smoothstep(my - 0.55 * mouth_chin, my, ys))
-        lip_bottom = my + (1.0 - share) * drop
-        to_jaw = _smoothstep(lip_bottom + 0.15 * mouth_chin, lip_bottom + 0.55 * mouth_chin, ys)
-        below_chin = 1.0 - _smoothstep(cy, cy + 0.6 * mouth_chin + 2.0 * drop, ys)
-        lens_x = (1.0 - ((xs - mx) / (0.85 * corner)) ** 2).clamp(0.0, 1.0) ** 0.6
-        lens_y = opening * (1.0 - to_jaw)
-        chin_x = 1.0 - _smoothstep(0.3 * mw, 2.2 * mw, (xs - mx).abs())
-        chin_y = opening * to_jaw * below_chin
-
-        # Lips: spread (+) or round (-) about the mouth centre.
-        lips_x = stretch * (xs - mx) * (1.0 - _smoothstep(0.9 * mw, 2.2 * mw, (xs - mx).abs()))
-        mouth_mid = my + (0.5 - share) * drop
-        lips_y = 1.0 - _smoothstep(0.35 * mw, 1.2 * mw, (ys - mouth_mid).abs())
-
-        # Eyelids: a piecewise-linear vertical map per eye. When closed, the lid skin
-        # between the crease and the lash line is stretched down to a closure line and
-        # the eye itself is squeezed into a thin lash line under it; the brow stays put.
-        half = self.eye_half_height * eye_dist
-
-        def lid(ex: Tensor, ey: Tensor, amount: Tensor) -> tuple[Tensor, Tensor]:
-            crease, close, bottom = ey - 3.0 * half, ey + 0.5 * half, ey + 1.35 * half
-            peak = 1.85 * half  # the closure line shows the skin just above the lashes
-            prof_y = peak * (
-                ((ys - crease) / (close - crease)).clamp(0.0, 1.0)
-                - ((ys - close) / (bottom - close)).clamp(0.0, 1.0)
-            )
-            prof_x = amount * (1.0 - _smoothstep(0.28 * eye_dist, 0.45 * eye_dist, (xs - ex).abs()))
-            return prof_x, prof_y
-
-        lid_lx, lid_ly = lid(elx, ely, blink_l)
-        lid_rx, lid_ry = lid(erx, ery, blink_r)
-
-        # grid = identity - sum_k a_k(y) b_k(x): one small MatMul per axis.
-        batch = geometry.shape[0]
-        ones_y = torch.ones_like(ys).expand(batch, -1)
-        ones_x = torch.ones_like(xs).expand(batch, -1)
-        a_x = torch.stack([ones_y, head_y * (tx - roll * (ys - pivot_y)), lips_y], dim=2)
-        b_x = torch.stack([xs.expand(batch, -1), -head_x, -lips_x], dim=1)
-        a_y = torch.stack([ys.expand(batch, -1), head_y, lens_y, chin_y, lid_ly, lid_ry], dim=2)
-        b_y = torch.stack(
-            [ones_x, -head_x * (ty + roll * (xs - pivot_x)), -lens_x, -chin_x, -lid_lx, -lid_rx],
-            dim=1,
-        )
-        grid = torch.stack([a_x @ b_x, a_y @ b_y], dim=3)  # (B, H, W, 2)
-        warped = F.grid_sample(
-            portrait, grid, mode="bilinear", padding_mode="border", align_corners=False
-        )
-
-        # Mouth cavity: fills the lens between the lips, soft-edged; dark in the throat
-        # and the corners, tongue-red below, a hint of upper teeth under the upper lip.
-        gap_half = (0.5 * drop * lens_x).clamp(min=1e-4)  # (B, W)
-        centre_y = my + (0.5 - share) * drop * lens_x  # (B, W)
-        v = (ys[:, :, None] - centre_y[:, None, :]) * (1.0 / gap_half)[:, None, :]  # (B, H, W)
-        opacity = 0.95 * _smoothstep(0.04, 0.25, jaw) * _smoothstep(0.0, 0.15, lens_x)  # (B, W)
-        alpha = _smoothstep(1.0, 0.55, v.abs()) * opacity[:, None, :]
-        teeth_x = (1.0 - _smoothstep(0.3 * corner, 0.6 * corner, (xs - mx).abs())) * (
-            0.45 * _smoothstep(0.2, 0.5, jaw)
-        )
-        teeth = _smoothstep(-0.55, -0.9, v) * teeth_x[:, None, :]
-        tongue = 0.85 * _smoothstep(-0.2, 0.85, v)
-        shade = (0.45 + 0.55 * lens_x)[:, None, None, :]  # (B, 1, 1, W)
-        deep, red, white = (c[None, :, None, None] for c in self.palette)
-        fill = (deep + (red - deep) * tongue[:, None] + (white - deep) * teeth[:, None]) * shade
-        return warped + (fill - warped) * alpha[:, None]
-
-    # ------------------------------------------------------------------ forward
     def forward(
         self, mel: Tensor, portrait: Tensor, geometry: Tensor, knobs: Tensor, clock: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -322,7 +183,7 @@ class SonicLite(nn.Module):
         motion_scale, dynamic_scale = knobs[:, 0], knobs[:, 1]
         jaw, spread, funnel, nod = self.audio_motion(mel, motion_scale)
         blink, pitch, yaw, roll = self.idle_motion(clock, nod, dynamic_scale)
-        coeffs = torch.stack([jaw, spread, spread, funnel, blink, blink, pitch, yaw, roll], 1)
-        image = self.render(portrait, geometry, coeffs)
-        frame = (image * 255.0 + 0.5).clamp(0.0, 255.0).to(torch.uint8).permute(0, 2, 3, 1)
-        return frame, coeffs
+        zero = torch.zeros_like(jaw)
+        speech = [jaw, zero, funnel, zero, spread, spread, zero, zero, zero, zero, zero]
+        coeffs = torch.stack([*speech, blink, blink, pitch, yaw, roll], 1)
+        return self.renderer(portrait, geometry, coeffs), coeffs

@@ -58,10 +58,10 @@ class OnnxRuntimeEngine:
         image, geometry = portrait.image, np.asarray(portrait.geometry, dtype=np.float32)
         if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] != image.shape[1]:
             raise ValueError(f"portrait must be (S, S, 3) RGB, got {image.shape}")
-        if geometry.shape != (len(self.manifest.geometry_names),):
-            raise ValueError(
-                f"geometry must be ({len(self.manifest.geometry_names)},), got {geometry.shape}"
-            )
+        wanted = len(self.manifest.geometry_names)
+        if geometry.ndim != 1 or geometry.shape[0] < wanted:
+            raise ValueError(f"geometry must have at least {wanted} values, got {geometry.shape}")
+        geometry = geometry[:wanted]  # the model's own prefix of GEOMETRY_NAMES
         chw = np.empty((3, image.shape[0], image.shape[1]), dtype=np.float32)
         np.multiply(image.transpose(2, 0, 1), np.float32(1.0 / 255.0), out=chw)
         chw.flags.writeable = False
