@@ -49,8 +49,16 @@ DTYPES = {
 }
 
 
+HEAD_WEIGHTS = Path(__file__).resolve().parent.parent.parent / "engines" / \
+    "sonic-lite-audio-head.pt"
+
+
 def build_model() -> SonicLite:
-    return SonicLite(FeatureSpec(), WINDOW_FRAMES, LOOKAHEAD_FRAMES, FPS).eval()
+    """The shipped model: fixed DSP/renderer tensors plus the trained audio head's weights
+    (``python -m inference.training.train`` makes them)."""
+    model = SonicLite(FeatureSpec(), WINDOW_FRAMES, LOOKAHEAD_FRAMES, FPS)
+    model.head.load_state_dict(torch.load(HEAD_WEIGHTS, map_location="cpu", weights_only=True))
+    return model.eval()
 
 
 def example_inputs(batch: int = 2, size: int = 64) -> tuple[torch.Tensor, ...]:
@@ -70,10 +78,12 @@ def manifest(onnx_name: str) -> dict[str, object]:
     return {
         "name": NAME,
         "description": (
-            "Hand-set DSP talking head: band energies of the log-mel window drive jaw, lip "
-            "spread and rounding; the clock drives blinks and head sway; one grid_sample "
-            "warps the portrait and a soft mouth cavity is drawn between the lips."
+            "Real-time talking head: a small trained audio encoder maps the log-mel window "
+            "to 11 ARKit mouth blendshapes; the clock drives blinks and head sway; one "
+            "grid_sample anchored on face-mesh landmarks warps the portrait and the mouth "
+            "interior is drawn where the lips part."
         ),
+        "audio_head": json.loads(HEAD_WEIGHTS.with_suffix(".json").read_text()),
         "onnx": onnx_name,
         "fps": FPS,
         "features": dataclasses.asdict(FeatureSpec()),

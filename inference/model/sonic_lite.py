@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from inference.engine import FeatureSpec
+from inference.model.audio_head import AudioHead
 from inference.model.blendshapes import ALL
 from inference.model.renderer import Renderer
 
@@ -112,6 +113,7 @@ class SonicLite(nn.Module):
         t = np.arange(window_frames, dtype=np.float64)
         self.register_buffer("kernel", self._gauss(t, centre + self.lead_frames, self.sigma_frames))
         self.register_buffer("nod_kernel", self._gauss(t, centre, self.nod_sigma_frames))
+        self.head = AudioHead(spec.n_mels, window_frames, lookahead_frames)
         self.renderer = Renderer()
 
     @staticmethod
@@ -121,7 +123,8 @@ class SonicLite(nn.Module):
 
     # ------------------------------------------------------------------ audio
     def audio_motion(self, mel: Tensor, motion_scale: Tensor) -> tuple[Tensor, ...]:
-        """(jaw, spread, funnel, speech presence for the nod), each (B,)."""
+        """The hand-set DSP mapping of the first version, kept as the evaluation baseline
+        (``inference.training.evaluate``): (jaw, spread, funnel, speech presence), each (B,)."""
         mel = torch.where(torch.isnan(mel), -10.0, mel).clamp(-10.0, 6.0)  # NaN: silence
         power = torch.exp(mel * math.log(10.0))  # (B, T, n_mels)
         bands = power @ self.band_weights  # (B, T, n_bands)
@@ -181,9 +184,7 @@ class SonicLite(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         knobs = knobs.clamp(0.0, 2.0)
         motion_scale, dynamic_scale = knobs[:, 0], knobs[:, 1]
-        jaw, spread, funnel, nod = self.audio_motion(mel, motion_scale)
-        blink, pitch, yaw, roll = self.idle_motion(clock, nod, dynamic_scale)
-        zero = torch.zeros_like(jaw)
-        speech = [jaw, zero, funnel, zero, spread, spread, zero, zero, zero, zero, zero]
-        coeffs = torch.stack([*speech, blink, blink, pitch, yaw, roll], 1)
+        speech = (self.head(mel) * motion_scale[:, None]).clamp(0.0, 1.0)
+        blink, pitch, yaw, roll = self.idle_motion(clock, speech[:, 0], dynamic_scale)
+        coeffs = torch.cat([speech, torch.stack([blink, blink, pitch, yaw, roll], 1)], 1)
         return self.renderer(portrait, geometry, coeffs), coeffs

@@ -1,0 +1,99 @@
+"""sonic-lite's trained audio head: a log-mel window to the SPEECH mouth coefficients.
+
+Trained by ``python -m inference.training.train`` on phoneme-labelled synthetic speech
+(see ``inference/training``); the weights ship as ``engines/sonic-lite-audio-head.pt``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from inference.model.blendshapes import SPEECH
+
+LN10 = math.log(10.0)
+
+
+class AudioHead(nn.Module):
+    """mel window (B, 16, 80) of log10 mel power -> SPEECH coefficients (B, 11) in [0, 1].
+
+    Level robustness: the spectrum enters relative to the window's loudest frame
+    (floored 60 dB below it), so a gain change shifts nothing the convolutions see;
+    absolute level enters only through a per-frame presence channel that saturates for
+    anything louder than very quiet speech. A window whose loudest frame is below
+    ``gate_bels`` (digital silence, a faint noise floor) is gated to a closed mouth.
+
+    Smoothing is inside the window, because frames are computed independently (batched
+    across sessions) and carry no state: the convolutions predict coefficients for every
+    mel frame, and a fixed Gaussian (a zero-phase FIR) centred on the video frame's own
+    audio pools them. It uses the window's look-ahead instead of lagging like a one-pole
+    filter would.
+    """
+
+    gate_bels: float = -3.5  # window peak (log10 summed mel power) that opens the gate
+    gate_width: float = 0.3
+    presence_bels: float = -3.0  # per-frame level where the presence channel is half on
+    floor_bels: float = 6.0  # relative spectrum floor below the window peak
+    #: Remove the window's average spectral tilt (a straight line over the mel bins,
+    #: fitted to the energy-weighted mean spectrum) before the convolutions: microphones,
+    #: rooms and synthesizers differ most in tilt, which says little about the mouth.
+    tilt_norm: bool = False
+
+    def __init__(self, n_mels: int = 80, window_frames: int = 16, lookahead_frames: int = 4,
+                 mel_per_video_frame: int = 4, hidden: int = 96, sigma_frames: float = 1.5
+                 ) -> None:
+        super().__init__()
+        self.n_mels = n_mels
+        self.window_frames = window_frames
+        c_in = n_mels + 2
+        self.inp = nn.Conv1d(c_in, hidden, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Conv1d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4)
+        )
+        self.out = nn.Conv1d(hidden, len(SPEECH), 1)
+        # The video frame's own mel frames end where the look-ahead begins.
+        centre = window_frames - lookahead_frames - mel_per_video_frame / 2.0 - 0.5
+        t = torch.arange(window_frames, dtype=torch.float32)
+        kernel = torch.exp(-0.5 * ((t - centre) / sigma_frames) ** 2)
+        self.register_buffer("kernel", kernel / kernel.sum())
+        axis = torch.linspace(-1.0, 1.0, n_mels)
+        self.register_buffer("tilt_axis", axis, persistent=False)
+
+    def features(self, mel: Tensor) -> Tensor:
+        """(B, T, n_mels) log-mel -> (B, n_mels + 2, T) level-normalised channels."""
+        mel = torch.where(torch.isnan(mel), torch.full_like(mel, -10.0), mel)
+        mel = mel.clamp(-10.0, 6.0)
+        energy = torch.logsumexp(mel * LN10, dim=2) / LN10  # (B, T) log10 summed power
+        peak = energy.max(dim=1, keepdim=True).values  # (B, 1)
+        rel = (mel - peak[:, :, None]).clamp(min=-self.floor_bels)
+        if self.tilt_norm:
+            w = (energy - peak + self.floor_bels).clamp(min=0.0)  # (B, T) louder: more
+            mean_spec = (rel * w[:, :, None]).sum(1) / (w.sum(1, keepdim=True) + 1e-6)
+            x = self.tilt_axis
+            slope = (mean_spec * x).sum(1, keepdim=True) / (x * x).sum()  # (B, 1)
+            rel = (rel - slope[:, None, :] * x).clamp(min=-self.floor_bels)
+        rel = rel / 3.0 + 1.0
+        rel_energy = (energy - peak).clamp(min=-self.floor_bels) / 3.0 + 1.0
+        presence = torch.sigmoid((energy - self.presence_bels) / 0.5)
+        x = torch.cat([rel, rel_energy[:, :, None], presence[:, :, None]], dim=2)
+        return x.transpose(1, 2)
+
+    def per_frame(self, mel: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-mel-frame coefficients (B, T, 11) and the window's silence gate (B,)."""
+        x = self.features(mel)
+        h = F.gelu(self.inp(x))
+        for block in self.blocks:
+            h = h + F.gelu(block(h))
+        coeffs = torch.sigmoid(self.out(h)).transpose(1, 2)
+        clean = torch.where(torch.isnan(mel), torch.full_like(mel, -10.0), mel).clamp(-10.0, 6.0)
+        peak = (torch.logsumexp(clean * LN10, dim=2) / LN10).max(dim=1).values
+        gate = torch.sigmoid((peak - self.gate_bels) / self.gate_width)
+        return coeffs, gate
+
+    def forward(self, mel: Tensor) -> Tensor:
+        coeffs, gate = self.per_frame(mel)
+        pooled = (coeffs * self.kernel[None, :, None]).sum(dim=1)
+        return pooled * gate[:, None]

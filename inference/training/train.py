@@ -1,0 +1,254 @@
+"""Train sonic-lite's audio head: ``python -m inference.training.train``.
+
+Builds (or loads) the synthetic corpus, adds a degraded copy of every utterance plus a
+few non-speech clips (noise, music) labelled closed, computes features with the server's
+own :func:`inference.features.log_mel`, trains :class:`AudioHead` on CPU and writes
+``engines/sonic-lite-audio-head.pt`` (state_dict) and ``.json`` (what it was trained on
+and how well it does on held-out voices and the held-out synthesizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from inference.engine import FeatureSpec
+from inference.features import log_mel
+from inference.model.audio_head import AudioHead
+from inference.training import augment
+from inference.training.corpus import SAMPLE_RATE, Utterance, build_corpus
+from inference.training.visemes import (
+    PROTOTYPES,
+    VISEMES,
+    frame_targets,
+    segments_from_phonemes,
+)
+
+FPS = 25
+WINDOW = 16
+LOOKAHEAD = 4
+PER_FRAME = SAMPLE_RATE // FPS // FeatureSpec().hop_length  # 4 mel frames per video frame
+SILENCE = float(np.log10(FeatureSpec().floor))
+OUT_PT = Path("engines/sonic-lite-audio-head.pt")
+OUT_JSON = Path("engines/sonic-lite-audio-head.json")
+
+
+@dataclass
+class Windows:
+    """Every video frame's mel window, stored once as concatenated padded mels."""
+
+    mel: np.ndarray  # (total_mel_frames, 80) float16
+    starts: np.ndarray  # (n_windows,) row of each window's first mel frame
+    targets: np.ndarray  # (n_windows, 11)
+    labels: np.ndarray  # (n_windows,)
+    utt: np.ndarray  # (n_windows,) utterance index (for per-utterance metrics)
+
+    def batch(self, idx: np.ndarray) -> torch.Tensor:
+        rows = self.starts[idx, None] + np.arange(WINDOW)
+        return torch.from_numpy(self.mel[rows].astype(np.float32))
+
+
+def utterance_windows(audio: np.ndarray, phones: list[tuple[float, float, str]] | None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mel padded with the window's history, targets, labels) for one clip.
+
+    Frame i's window is mel frames [4i - 8, 4i + 8) (``Manifest.window_start``); the
+    mel gets 8 silent frames in front (what the server reads before frame 0) and the
+    audio 0.1 s of silence after, so the last frames have their look-ahead.
+    """
+    n_frames = audio.size * FPS // SAMPLE_RATE
+    mel = log_mel(np.concatenate([audio, np.zeros(SAMPLE_RATE // 10, np.float32)]))
+    head = WINDOW - LOOKAHEAD - PER_FRAME
+    mel = np.concatenate([np.full((head, mel.shape[1]), SILENCE, np.float32), mel])
+    if phones is None:  # non-speech: closed mouth throughout
+        return mel, np.zeros((n_frames, len(PROTOTYPES[0])), np.float32), np.zeros(
+            n_frames, np.int64)
+    targets, labels = frame_targets(segments_from_phonemes(phones), n_frames, FPS)
+    return mel, targets, labels
+
+
+def make_windows(clips: list[tuple[np.ndarray, list[tuple[float, float, str]] | None]]
+                 ) -> Windows:
+    mels, starts, targets, labels, utt = [], [], [], [], []
+    offset = 0
+    for k, (audio, phones) in enumerate(clips):
+        mel, tg, lab = utterance_windows(audio, phones)
+        n = tg.shape[0]
+        mels.append(mel.astype(np.float16))
+        starts.append(offset + PER_FRAME * np.arange(n))
+        targets.append(tg)
+        labels.append(lab)
+        utt.append(np.full(n, k))
+        offset += mel.shape[0]
+    return Windows(np.concatenate(mels), np.concatenate(starts), np.concatenate(targets),
+                   np.concatenate(labels), np.concatenate(utt))
+
+
+def non_speech(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Noise floors, hum and synthetic music (notes and chords): the mouth stays closed."""
+    out = []
+    for i in range(n):
+        secs = float(rng.uniform(1.5, 4.0))
+        t = np.arange(int(secs * SAMPLE_RATE)) / SAMPLE_RATE
+        kind = i % 4
+        if kind == 0:
+            x = augment.pink_noise(t.size, rng)
+        elif kind == 1:
+            x = rng.standard_normal(t.size).astype(np.float32)
+        else:
+            x = music(t, rng, chords=kind == 3)
+        x = augment.set_peak(x, float(rng.uniform(-60 if kind < 2 else -30, -3)))
+        out.append(x.astype(np.float32))
+    return out
+
+
+def music(t: np.ndarray, rng: np.random.Generator, chords: bool = True) -> np.ndarray:
+    """Plucked harmonic notes (or triads) on a random melody, with a slow decay."""
+    x = np.zeros(t.size)
+    note_len = float(rng.uniform(0.2, 0.6))
+    for start in np.arange(0.0, t[-1], note_len):
+        root = 220.0 * 2 ** (int(rng.integers(-12, 13)) / 12)
+        freqs = [root * r for r in ((1.0, 1.26, 1.5) if chords else (1.0,))]
+        seg = (t >= start) & (t < start + note_len)
+        tt = t[seg] - start
+        env = np.exp(-tt * rng.uniform(2, 8))
+        for f in freqs:
+            for h in range(1, 6):
+                x[seg] += env * np.sin(2 * np.pi * f * h * tt) / h
+    return x.astype(np.float32)
+
+
+def training_clips(train: list[Utterance], seed: int, n_noise: int
+                   ) -> tuple[list[tuple[np.ndarray, list | None]], dict[str, int]]:
+    """Clean (random gain) and degraded copies of each utterance, plus non-speech."""
+    rng = np.random.default_rng(seed)
+    babble = [u.audio for u in train[: 200]]
+    clips: list[tuple[np.ndarray, list | None]] = []
+    counts: dict[str, int] = {}
+    for u in train:
+        x = augment.random_eq(u.audio, rng) if rng.random() < 0.5 else u.audio
+        clips.append((augment.set_peak(x, float(rng.uniform(-30, -1))), u.phones))
+        phones = u.phones
+        x = u.audio
+        if rng.random() < 0.6:
+            factor = float(rng.uniform(0.85, 1.18))
+            x = augment.speed_perturb(x, factor)
+            phones = [(s / factor, e / factor, p) for s, e, p in u.phones]
+            counts["speed"] = counts.get("speed", 0) + 1
+        y, done = augment.random_chain(x, rng, babble)
+        for d in done:
+            key = "".join(c for c in d if c.isalpha())
+            counts[key] = counts.get(key, 0) + 1
+        clips.append((y, phones))
+    for x in non_speech(n_noise, rng):
+        clips.append((x, None))
+    return clips, counts
+
+
+def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
+               log_every: int = 200) -> AudioHead:
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = AudioHead()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    n = windows.starts.size
+    steps_per_epoch = n // batch
+    total = epochs * steps_per_epoch
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total,
+                                                pct_start=0.05)
+    protos = torch.from_numpy(PROTOTYPES)
+    weight = torch.ones(PROTOTYPES.shape[1])
+    weight[0] = 3.0  # jawOpen is what viewers notice most
+    step = 0
+    t0 = time.time()
+    for epoch in range(epochs):
+        order = rng.permutation(n)
+        for b in range(steps_per_epoch):
+            idx = order[b * batch : (b + 1) * batch]
+            mel = windows.batch(idx)
+            target = torch.from_numpy(windows.targets[idx])
+            label = torch.from_numpy(windows.labels[idx])
+            pred = model(mel)
+            mse = (((pred - target) ** 2) * weight).mean()
+            # Nearest-prototype classification is how accuracy is scored: a soft version.
+            dist = ((pred[:, None, :] - protos[None]) ** 2).sum(-1)
+            ce = F.cross_entropy(-dist / 0.05, label)
+            loss = mse + 0.02 * ce
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            if step % log_every == 0:
+                print(f"epoch {epoch} step {step}/{total} mse {mse.item():.4f} "
+                      f"ce {ce.item():.3f} {time.time() - t0:.0f}s", flush=True)
+    return model.eval()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n-train", type=int, default=1600)
+    ap.add_argument("--n-eval", type=int, default=160)
+    ap.add_argument("--n-festival", type=int, default=800)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=4e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache", default="data/audio-head")
+    ap.add_argument("--out", default=str(OUT_PT))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t_start = time.time()
+    corpus = build_corpus(args.n_train, args.n_eval, args.seed, args.cache, args.n_festival)
+    t_corpus = time.time() - t_start
+    print(f"corpus: {corpus.describe()} ({t_corpus:.0f}s)", flush=True)
+    clips, aug_counts = training_clips(corpus.train, args.seed, n_noise=len(corpus.train) // 25)
+    windows = make_windows(clips)
+    t_data = time.time() - t_start
+    print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
+    model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
+                       seed=args.seed)
+    t_train = time.time() - t_start
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out)
+
+    from inference.training.evaluate import evaluate_all
+
+    metrics = evaluate_all(model, corpus, seed=args.seed)
+    params = sum(p.numel() for p in model.parameters())
+    desc = {
+        "model": "AudioHead", "parameters": params, "weights": out.name,
+        "command": "python -m inference.training.train", "seed": args.seed,
+        "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
+        "training_windows": int(windows.starts.size),
+        "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
+        "corpus": corpus.describe(),
+        "augmentation": {
+            "copies": "each utterance once clean (random EQ p=0.5, peak -30..-1 dBFS) and once "
+                      "speed-perturbed x0.85-1.18 (p=0.6) then augment.random_chain",
+            "applied_counts": aug_counts,
+            "non_speech_clips": len(clips) - 2 * len(corpus.train),
+        },
+        "targets": {"visemes": list(VISEMES), "anticipation_s": 0.04, "blend_sigma_s": 0.03},
+        "seconds": {"corpus": round(t_corpus), "features": round(t_data - t_corpus),
+                    "training": round(t_train - t_data), "total": round(time.time() - t_start)},
+        "metrics": metrics,
+    }
+    Path(str(out.with_suffix(".json"))).write_text(json.dumps(desc, indent=2) + "\n")
+    print(json.dumps(desc["seconds"]))
+    if not math.isfinite(float(metrics["trained"]["heldout_synth/clean"]["jaw_r"])):
+        raise SystemExit("training produced non-finite metrics")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Phonemes to visemes to per-video-frame mouth targets (the audio head's labels).
+
+Both synthesizers' inventories map onto one small viseme set: espeak-ng's mnemonics
+(``h@l'oU``, ``_:`` ...) and flite's CMU phones (``hh ax l ow``, ``pau`` ...). Each
+viseme has a target vector over :data:`inference.model.blendshapes.SPEECH`. Frame
+targets follow a simple dominance model of coarticulation (Cohen and Massaro): every
+segment pulls the mouth towards its target with a strength (its dominance) spread over
+time by a Gaussian, so short consonants with strong lip gestures (p b m, f v) still
+reach their shape while weak ones (t, k, h) take the colour of their vowels. The whole
+shape track leads the sound by :data:`ANTICIPATION_S`, because lips move before the
+sound they make is heard.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from inference.model.blendshapes import SPEECH
+
+#: Viseme classes, in label order (index = class id).
+VISEMES: tuple[str, ...] = (
+    "sil", "PP", "FF", "TH", "DD", "KK", "CH", "SS", "RR", "AA", "E", "IH", "OH", "OU",
+)
+V = {name: i for i, name in enumerate(VISEMES)}
+
+
+def _vec(**kw: float) -> list[float]:
+    """A SPEECH vector from short names; left/right pairs are set together."""
+    out = dict.fromkeys(SPEECH, 0.0)
+    alias = {"jaw": ["jawOpen"], "close": ["mouthClose"], "funnel": ["mouthFunnel"],
+             "pucker": ["mouthPucker"], "stretch": ["mouthStretchLeft", "mouthStretchRight"],
+             "smile": ["mouthSmileLeft", "mouthSmileRight"], "roll": ["mouthRollLower"],
+             "press": ["mouthPressLeft", "mouthPressRight"]}
+    for key, value in kw.items():
+        for name in alias[key]:
+            out[name] = value
+    return [out[name] for name in SPEECH]
+
+
+#: Target blendshapes of each viseme (rows in VISEMES order, columns in SPEECH order).
+PROTOTYPES: np.ndarray = np.array([
+    _vec(),                                                  # sil: relaxed, closed
+    _vec(jaw=0.04, close=0.7, roll=0.25, press=0.55),        # PP: p b m
+    _vec(jaw=0.10, close=0.15, roll=0.75, stretch=0.1),      # FF: f v
+    _vec(jaw=0.22, stretch=0.2, smile=0.05),                 # TH: th dh
+    _vec(jaw=0.28, stretch=0.25, smile=0.15),                # DD: t d n l
+    _vec(jaw=0.36, stretch=0.1),                             # KK: k g ng
+    _vec(jaw=0.18, funnel=0.55, pucker=0.3),                 # CH: ch jh sh zh
+    _vec(jaw=0.10, stretch=0.45, smile=0.35),                # SS: s z
+    _vec(jaw=0.20, funnel=0.3, pucker=0.45),                 # RR: r er
+    _vec(jaw=0.78, stretch=0.1),                             # AA: open vowels
+    _vec(jaw=0.48, stretch=0.45, smile=0.2),                 # E: mid front, schwa
+    _vec(jaw=0.22, stretch=0.65, smile=0.5),                 # IH: close front, y
+    _vec(jaw=0.55, funnel=0.65, pucker=0.2),                 # OH: rounded open-mid
+    _vec(jaw=0.16, funnel=0.4, pucker=0.85),                 # OU: close rounded, w
+], dtype=np.float32)
+
+#: How strongly each viseme holds its shape against its neighbours.
+DOMINANCE: np.ndarray = np.array(
+    [1.0, 4.0, 3.0, 1.0, 0.6, 0.5, 1.5, 1.2, 1.0, 1.2, 1.0, 1.0, 1.2, 1.5], dtype=np.float32
+)
+
+#: The mouth shape leads the sound by this much.
+ANTICIPATION_S = 0.04
+#: Spread of each segment's influence (Gaussian sigma).
+BLEND_SIGMA_S = 0.03
+
+# Marks to strip from espeak mnemonics before lookup (stress, length, variant markers).
+_STRIP = re.compile(r"[':;,#/!\-\d]")
+
+# espeak-ng mnemonics (normalised) and flite CMU phones; diphthongs as (first, second).
+_TABLE: dict[str, str | tuple[str, str]] = {
+    # silence
+    "_": "sil", "pau": "sil", "sil": "sil", "h#": "sil", "": "sil",
+    # bilabials, labiodentals, dentals
+    "p": "PP", "b": "PP", "m": "PP", "em": "PP",
+    "f": "FF", "v": "FF",
+    "T": "TH", "D": "TH", "th": "TH", "dh": "TH",
+    # alveolars, velars
+    "t": "DD", "d": "DD", "n": "DD", "l": "DD", "L": "DD", "dx": "DD", "nx": "DD", "el": "DD",
+    "en": "DD", "?": "DD", "tl": "DD",
+    "k": "KK", "g": "KK", "N": "KK", "ng": "KK", "x": "KK", "c": "KK", "q": "KK", "G": "KK",
+    # postalveolars, sibilants
+    "S": "CH", "Z": "CH", "tS": "CH", "dZ": "CH", "sh": "CH", "zh": "CH", "ch": "CH",
+    "jh": "CH", "C": "CH",
+    "s": "SS", "z": "SS", "ts": "SS", "dz": "SS",
+    # approximants
+    "r": "RR", "R": "RR", "er": "RR", "axr": "RR", "3": "RR", "3r": "RR", "@r": "RR",
+    "w": "OU", "W": "OU",
+    "j": "IH", "y": "IH", "J": "IH",
+    # vowels (espeak)
+    "a": "AA", "A": "AA", "aa": "AA", "A@": "AA", "V": "AA", "0": "OH", "Q": "OH",
+    "@": "E", "E": "E", "e": "E", "e@": ("E", "E"), "a@": "AA", "&": "AA", "@L": "DD",
+    "i": "IH", "I": "IH", "i@": ("IH", "E"), "y:": "OU", "Y": "OU",
+    "o": "OH", "O": "OH", "O@": "OH", "o@": "OH", "u": "OU", "U": "OU", "U@": ("OU", "E"),
+    "aI": ("AA", "IH"), "aI@": ("AA", "E"), "aU": ("AA", "OU"), "aU@": ("AA", "OU"),
+    "eI": ("E", "IH"), "oU": ("OH", "OU"), "OI": ("OH", "IH"), "@U": ("E", "OU"),
+    "ai": ("AA", "IH"), "au": ("AA", "OU"), "ei": ("E", "IH"), "oi": ("OH", "IH"),
+    # vowels (flite / CMU)
+    "ae": "AA", "ah": "AA", "ao": "OH", "aw": ("AA", "OU"), "ax": "E", "ay": ("AA", "IH"),
+    "eh": "E", "ey": ("E", "IH"), "ih": "IH", "ix": "IH", "iy": "IH", "ow": ("OH", "OU"),
+    "oy": ("OH", "IH"), "uh": "OU", "uw": "OU",
+}
+#: Phonemes with no lip shape of their own: they take the following phoneme's viseme.
+_TRANSPARENT = {"h", "hh", "H", "h#h"}
+
+
+def phoneme_visemes(phoneme: str) -> tuple[str, ...] | None:
+    """Viseme(s) of one phoneme (two for diphthongs); None for transparent ones (h)."""
+    raw = phoneme.strip()
+    if raw.startswith("_") or raw in ("pau", "sil", "h#", ""):
+        return ("sil",)
+    if raw in _TRANSPARENT:
+        return None
+    for key in (raw, raw.replace(":", ""), _STRIP.sub("", raw) if raw != "0" else "0"):
+        if key in _TABLE:
+            hit = _TABLE[key]
+            return hit if isinstance(hit, tuple) else (hit,)
+        if key.lower() in _TRANSPARENT:
+            return None
+    # Unknown (other languages' mnemonics): fall back on the first letter.
+    key = _STRIP.sub("", raw)
+    for n in range(len(key), 0, -1):
+        if key[:n] in _TABLE:
+            hit = _TABLE[key[:n]]
+            return hit if isinstance(hit, tuple) else (hit,)
+    return ("E",)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One viseme held over [start, end) seconds of the audio."""
+
+    start: float
+    end: float
+    viseme: int
+
+
+def segments_from_phonemes(phones: list[tuple[float, float, str]]) -> list[Segment]:
+    """(start_s, end_s, phoneme) -> viseme segments (diphthongs split in half)."""
+    out: list[Segment] = []
+    pending: list[tuple[float, float]] = []  # transparent phonemes awaiting a viseme
+    for start, end, ph in phones:
+        vis = phoneme_visemes(ph)
+        if vis is None:
+            pending.append((start, end))
+            continue
+        for s, e in pending:
+            out.append(Segment(s, e, V[vis[0]]))
+        pending.clear()
+        if len(vis) == 1:
+            out.append(Segment(start, end, V[vis[0]]))
+        else:
+            mid = 0.5 * (start + end)
+            out.append(Segment(start, mid, V[vis[0]]))
+            out.append(Segment(mid, end, V[vis[1]]))
+    for s, e in pending:
+        out.append(Segment(s, e, V["sil"]))
+    return out
+
+
+def frame_targets(
+    segments: list[Segment], n_frames: int, fps: int = 25, *, step_s: float = 0.005
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-video-frame targets (n_frames, len(SPEECH)) and viseme labels (n_frames,).
+
+    Frame ``i`` covers ``[i/fps, (i+1)/fps)`` of the audio and is sampled at its centre.
+    Time outside every segment is silence. The label is the viseme with the largest
+    dominance-weighted share at that instant, i.e. the shape the target is showing.
+    """
+    duration = n_frames / fps
+    n = int(np.ceil(duration / step_s)) + 1
+    cls = np.zeros(n, np.int64)  # silence by default
+    for seg in segments:
+        # The shape at time t is the one of the sound at t + anticipation.
+        lo = int(np.ceil((seg.start - ANTICIPATION_S) / step_s))
+        hi = int(np.ceil((seg.end - ANTICIPATION_S) / step_s))
+        cls[max(lo, 0) : max(min(hi, n), 0)] = seg.viseme
+    onehot = np.zeros((n, len(VISEMES)), np.float32)
+    onehot[np.arange(n), cls] = DOMINANCE[cls]
+    half = int(np.ceil(4 * BLEND_SIGMA_S / step_s))
+    tk = np.arange(-half, half + 1) * step_s
+    kernel = np.exp(-0.5 * (tk / BLEND_SIGMA_S) ** 2).astype(np.float32)
+    padded = np.concatenate([np.zeros((half, len(VISEMES)), np.float32), onehot,
+                             np.zeros((half, len(VISEMES)), np.float32)])
+    padded[:half, V["sil"]] = DOMINANCE[V["sil"]]
+    padded[-half:, V["sil"]] = DOMINANCE[V["sil"]]
+    centres = ((np.arange(n_frames) + 0.5) / fps / step_s).round().astype(int)
+    weights = np.stack(
+        [kernel @ padded[c : c + 2 * half + 1] for c in np.minimum(centres, n - 1)]
+    )  # (n_frames, n_visemes): dominance-weighted influence of each viseme
+    targets = (weights @ PROTOTYPES) / np.maximum(weights.sum(1, keepdims=True), 1e-6)
+    return targets.astype(np.float32), weights.argmax(1)
+
+
+def nearest_viseme(coeffs: np.ndarray) -> np.ndarray:
+    """Class of each coefficient vector (..., len(SPEECH)): its nearest prototype."""
+    d = ((coeffs[..., None, :] - PROTOTYPES) ** 2).sum(-1)
+    return d.argmin(-1)

@@ -1,0 +1,135 @@
+"""The audio head's training pieces and the shipped head's behaviour (fast)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from inference.engine import FeatureSpec
+from inference.model.audio_head import AudioHead
+from inference.model.blendshapes import SPEECH
+from inference.training import augment
+from inference.training.visemes import Segment, V, frame_targets, segments_from_phonemes
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "engines" / "sonic-lite-audio-head.pt"
+JAW = SPEECH.index("jawOpen")
+SR = 16000
+
+
+def _espeak():  # type: ignore[no-untyped-def]
+    from inference.training.corpus import Espeak, EspeakUnavailable
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    try:
+        return Espeak.get()
+    except EspeakUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def sentence():  # type: ignore[no-untyped-def]
+    return _espeak().synth("Hello there, my lips follow your voice. Stop.", "en-us")
+
+
+@pytest.fixture(scope="module")
+def head() -> AudioHead:
+    if not WEIGHTS.exists():
+        pytest.skip("engines/sonic-lite-audio-head.pt not trained yet")
+    model = AudioHead()
+    model.load_state_dict(torch.load(WEIGHTS, map_location="cpu"))
+    return model.eval()
+
+
+def _run(head: AudioHead, audio: np.ndarray) -> np.ndarray:
+    from inference.training.train import make_windows
+
+    windows = make_windows([(audio.astype(np.float32), None)])
+    with torch.no_grad():
+        return head(windows.batch(np.arange(windows.starts.size))).numpy()
+
+
+def test_phoneme_events_monotonic_and_aligned(sentence) -> None:  # type: ignore[no-untyped-def]
+    from inference.training.corpus import alignment_check
+
+    starts = [s for s, _, _ in sentence.phones]
+    assert starts == sorted(starts)
+    assert all(e >= s for s, e, _ in sentence.phones)
+    assert sentence.phones[-1][1] == pytest.approx(sentence.seconds)
+    assert starts[0] < 0.1
+    silent_db, speech_db = alignment_check(sentence)
+    assert silent_db < speech_db - 15  # silence phonemes sit on the quiet parts
+
+
+def test_viseme_targets_closed_in_silence_open_on_vowels() -> None:
+    phones = [(0.0, 0.5, "_"), (0.5, 0.8, "A:"), (0.8, 0.9, "p"), (0.9, 1.2, "aa"),
+              (1.2, 2.0, "pau")]
+    targets, labels = frame_targets(segments_from_phonemes(phones), 50)
+    assert np.abs(targets[:8]).max() < 1e-3 and np.abs(targets[-10:]).max() < 1e-3
+    assert targets[15, JAW] > 0.6 and labels[15] == V["AA"]
+    closure = targets[19:22, SPEECH.index("mouthClose")].max()  # p at 0.8-0.9 s, led 40 ms
+    assert closure > 0.4
+    assert frame_targets([Segment(0, 1, V["sil"])], 25)[0].max() == 0.0
+
+
+def test_augmentations_keep_length_and_finite() -> None:
+    rng = np.random.default_rng(0)
+    t = np.arange(SR) / SR
+    x = (0.3 * np.sin(2 * np.pi * 300 * t) * (t > 0.5)).astype(np.float32)
+    for y in (augment.add_noise(x, 10, rng, "pink"), augment.reverb(x, 0.4, rng),
+              augment.band_limit(x, 300, 3400), augment.clip(x, 12), augment.set_peak(x, -30),
+              augment.random_chain(x, rng, [x])[0]):
+        assert y.shape == x.shape and y.dtype == np.float32 and np.isfinite(y).all()
+    y = augment.opus_round_trip(x, 24000)
+    assert y.shape == x.shape
+    onset = int(np.argmax(np.abs(y) > 0.05))
+    assert abs(onset - int(np.argmax(np.abs(x) > 0.05))) < 16  # pre-skip removed: < 1 ms
+    assert np.corrcoef(x[SR // 2 + 800 :], y[SR // 2 + 800 :])[0, 1] > 0.9
+
+
+def test_shipped_head_silence_and_bad_inputs(head: AudioHead) -> None:
+    from inference.training.train import music
+
+    rng = np.random.default_rng(1)
+    t = np.arange(2 * SR) / SR
+    silent = _run(head, np.zeros(2 * SR, np.float32))
+    assert np.abs(silent).max() < 0.02
+    cases = [np.ones(2 * SR, np.float32) * 0.5, np.sign(np.sin(2 * np.pi * 200 * t)),
+             rng.standard_normal(2 * SR) * 1e-3, augment.set_peak(music(t, rng), -3),
+             np.full(2 * SR, 1.0, np.float32)]
+    for audio in cases:
+        out = _run(head, audio)
+        assert np.isfinite(out).all() and out.min() >= 0.0 and out.max() <= 1.0
+    nan_mel = torch.full((2, 16, 80), float("nan"))
+    assert torch.isfinite(head(nan_mel)).all()
+    assert float(head(torch.full((1, 16, 80), float(np.log10(FeatureSpec().floor))))[0].max()) \
+        < 0.02
+
+
+def test_shipped_head_opens_on_speech(head: AudioHead, sentence) -> None:  # type: ignore[no-untyped-def]
+    out = _run(head, augment.set_peak(sentence.audio, -6))
+    assert out[:, JAW].max() > 0.4
+    quiet = _run(head, augment.set_peak(sentence.audio, -26))
+    assert np.abs(quiet[:, JAW] - out[:, JAW]).mean() < 0.08  # 20 dB quieter: same shapes
+
+
+def test_audio_head_onnx_matches_torch(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = AudioHead().eval()
+    mel = torch.randn(3, 16, 80) - 4.0
+    mel[1] = -10.0
+    path = tmp_path / "head.onnx"
+    torch.onnx.export(model, (mel,), str(path), opset_version=17, dynamo=False,
+                      input_names=["mel"], output_names=["coefficients"],
+                      dynamic_axes={"mel": {0: "batch"}, "coefficients": {0: "batch"}})
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"mel": mel.numpy()})[0]
+    with torch.no_grad():
+        want = model(mel).numpy()
+    assert got.shape == (3, len(SPEECH))
+    np.testing.assert_allclose(got, want, atol=1e-4)
