@@ -8,11 +8,13 @@ import warnings
 import cv2
 import numpy as np
 import pytest
-import torch
 
 from inference import landmarks as lm_mod
 from inference.engine import GEOMETRY_NAMES
 from inference.face_geometry import portrait_geometry
+
+torch = pytest.importorskip("torch", reason="the model is defined in PyTorch (the dev extra)")
+
 from inference.model.blendshapes import ALL
 from inference.model.renderer import Renderer
 from inference.portrait import DEFAULT_AVATAR_PATH, decode_image, detect_face, prepare_portrait

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from inference.engine import FeatureSpec
+
+torch = pytest.importorskip("torch", reason="the model is defined in PyTorch (the dev extra)")
+
 from inference.model.audio_head import AudioHead
 from inference.model.blendshapes import SPEECH
 from inference.training import augment
