@@ -2,19 +2,51 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 from inference.engine import Engine, Manifest
 
-RUNTIMES: tuple[str, ...] = ("onnxruntime",)
+RUNTIMES: tuple[str, ...] = ("onnxruntime", "torch-cuda", "tensorrt", "auto")
+
+
+def _cuda_device_count() -> int:
+    """GPUs visible to torch, or 0 where torch (or its CUDA build) is absent."""
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_runtime(runtime: str) -> str:
+    """Map ``auto`` to a concrete runtime: TensorRT where it imports and a GPU is present,
+    else torch-cuda where torch sees a GPU, else onnxruntime on the CPU."""
+    if runtime != "auto":
+        return runtime
+    gpus = _cuda_device_count()
+    if gpus and importlib.util.find_spec("tensorrt") is not None:
+        return "tensorrt"
+    if gpus:
+        return "torch-cuda"
+    return "onnxruntime"
 
 
 def create_engine(runtime: str, manifest_path: str | Path, **opts: Any) -> Engine:
     """Load ``manifest_path`` and open it on ``runtime`` (``opts`` go to its constructor)."""
     manifest = Manifest.load(manifest_path)
+    runtime = resolve_runtime(runtime)
     if runtime == "onnxruntime":
         from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 
         return OnnxRuntimeEngine(manifest, **opts)
+    if runtime == "torch-cuda":
+        from inference.runtimes.torch_cuda import TorchCudaEngine
+
+        return TorchCudaEngine(manifest, **opts)
+    if runtime == "tensorrt":
+        from inference.runtimes.tensorrt import TensorRtEngine
+
+        return TensorRtEngine(manifest, **opts)
     raise ValueError(f"unknown runtime {runtime!r}; available: {', '.join(RUNTIMES)}")

@@ -152,12 +152,13 @@ def server_resample(x: np.ndarray, rate: int) -> np.ndarray:
 
 
 def random_chain(x: np.ndarray, rng: np.random.Generator,
-                 babble: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[str]]:
+                 babble: list[np.ndarray] | None = None, eq_db: float = 8.0
+                 ) -> tuple[np.ndarray, list[str]]:
     """A random mix of the degradations above, and what was applied (for the record)."""
     done: list[str] = []
     y = x.astype(np.float32)
     if rng.random() < 0.5:
-        y = random_eq(y, rng)
+        y = random_eq(y, rng, eq_db)
         done.append("eq")
     if rng.random() < 0.4:
         rt60 = float(rng.uniform(0.15, 0.7))

@@ -126,7 +126,8 @@ def music(t: np.ndarray, rng: np.random.Generator, chords: bool = True) -> np.nd
     return x.astype(np.float32)
 
 
-def training_clips(train: list[Utterance], seed: int, n_noise: int
+def training_clips(train: list[Utterance], seed: int, n_noise: int, eq_db: float = 8.0,
+                   speed: tuple[float, float] = (0.85, 1.18)
                    ) -> tuple[list[tuple[np.ndarray, list | None]], dict[str, int]]:
     """Clean (random gain) and degraded copies of each utterance, plus non-speech."""
     rng = np.random.default_rng(seed)
@@ -134,16 +135,16 @@ def training_clips(train: list[Utterance], seed: int, n_noise: int
     clips: list[tuple[np.ndarray, list | None]] = []
     counts: dict[str, int] = {}
     for u in train:
-        x = augment.random_eq(u.audio, rng) if rng.random() < 0.5 else u.audio
+        x = augment.random_eq(u.audio, rng, eq_db) if rng.random() < 0.5 else u.audio
         clips.append((augment.set_peak(x, float(rng.uniform(-30, -1))), u.phones))
         phones = u.phones
         x = u.audio
         if rng.random() < 0.6:
-            factor = float(rng.uniform(0.85, 1.18))
+            factor = float(rng.uniform(*speed))
             x = augment.speed_perturb(x, factor)
             phones = [(s / factor, e / factor, p) for s, e, p in u.phones]
             counts["speed"] = counts.get("speed", 0) + 1
-        y, done = augment.random_chain(x, rng, babble)
+        y, done = augment.random_chain(x, rng, babble, eq_db)
         for d in done:
             key = "".join(c for c in d if c.isalpha())
             counts[key] = counts.get(key, 0) + 1
@@ -154,10 +155,11 @@ def training_clips(train: list[Utterance], seed: int, n_noise: int
 
 
 def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
-               log_every: int = 200) -> AudioHead:
+               log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm) -> AudioHead:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = AudioHead()
+    model.tilt_norm = tilt_norm
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     n = windows.starts.size
     steps_per_epoch = n // batch
@@ -202,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eq-db", type=float, default=8.0)
+    ap.add_argument("--speed-min", type=float, default=0.85)
+    ap.add_argument("--speed-max", type=float, default=1.18)
+    ap.add_argument("--tilt-norm", type=int, default=int(AudioHead.tilt_norm))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
     ap.add_argument("--out", default=str(OUT_PT))
@@ -211,12 +217,13 @@ def main(argv: list[str] | None = None) -> None:
     corpus = build_corpus(args.n_train, args.n_eval, args.seed, args.cache, args.n_festival)
     t_corpus = time.time() - t_start
     print(f"corpus: {corpus.describe()} ({t_corpus:.0f}s)", flush=True)
-    clips, aug_counts = training_clips(corpus.train, args.seed, n_noise=len(corpus.train) // 25)
+    clips, aug_counts = training_clips(corpus.train, args.seed, n_noise=len(corpus.train) // 25,
+                                       eq_db=args.eq_db, speed=(args.speed_min, args.speed_max))
     windows = make_windows(clips)
     t_data = time.time() - t_start
     print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
     model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
-                       seed=args.seed)
+                       seed=args.seed, tilt_norm=bool(args.tilt_norm))
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,12 +237,15 @@ def main(argv: list[str] | None = None) -> None:
         "model": "AudioHead", "parameters": params, "weights": out.name,
         "command": "python -m inference.training.train", "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
+        "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
         "corpus": corpus.describe(),
         "augmentation": {
-            "copies": "each utterance once clean (random EQ p=0.5, peak -30..-1 dBFS) and once "
-                      "speed-perturbed x0.85-1.18 (p=0.6) then augment.random_chain",
+            "copies": f"each utterance once clean (random EQ up to {args.eq_db:g} dB p=0.5, "
+                      "peak -30..-1 dBFS) and once speed-perturbed "
+                      f"x{args.speed_min:g}-{args.speed_max:g} (p=0.6) then "
+                      f"augment.random_chain (EQ up to {args.eq_db:g} dB)",
             "applied_counts": aug_counts,
             "non_speech_clips": len(clips) - 2 * len(corpus.train),
         },
