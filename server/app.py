@@ -10,7 +10,7 @@ import numpy as np
 from aiohttp import web
 
 from inference.engine import FrameInput
-from inference.runtimes import create_engine
+from inference.runtimes import create_engine, resolve_runtime
 from inference.scheduler import Scheduler
 from server.avatars import AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
@@ -58,8 +58,10 @@ def create_app(settings: Settings) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
-        engine = create_engine(settings.engine.runtime, settings.manifest_path,
-                               intra_op_threads=settings.engine.intra_op_threads)
+        runtime = resolve_runtime(settings.engine.runtime)
+        opts = {"intra_op_threads": settings.engine.intra_op_threads} \
+            if runtime == "onnxruntime" else {}
+        engine = create_engine(runtime, settings.manifest_path, **opts)
         manifest = engine.manifest
         needed_ms = 1000 * manifest.frame_latency_s + 20  # + one timeline chunk
         if settings.session.pipeline_delay_ms < needed_ms + 10:
@@ -74,14 +76,14 @@ def create_app(settings: Settings) -> web.Application:
                               on_batch=metrics.on_batch, on_drop=metrics.on_drop)
         avatars = AvatarStore(engine, settings.avatar, settings.video.size)
         sessions = SessionManager(settings, manifest, scheduler, avatars, metrics)
-        state = ServerState(settings, manifest, engine, scheduler, avatars, sessions, metrics,
-                            STATIC_DIR)
+        state = ServerState(settings, runtime, manifest, engine, scheduler, avatars, sessions,
+                            metrics, STATIC_DIR)
         app[state_key] = state
         await scheduler.start()
         await asyncio.to_thread(_warm_librosa)
         await _warm_up(state)  # after librosa, so the engine timings are not contended
         log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
-                 settings.engine.runtime, scheduler.capacity_fps(settings.video.size),
+                 runtime, scheduler.capacity_fps(settings.video.size),
                  settings.video.size, settings.video.size)
         yield
         await sessions.close_all()

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference.runtimes import RUNTIMES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,8 +62,10 @@ class AvatarSettings:
 
 @dataclass
 class EngineSettings:
-    runtime: str = "onnxruntime"
-    """Which runtime runs the model: "onnxruntime" (CPU) for now."""
+    runtime: str = "auto"
+    """Which runtime runs the model: "onnxruntime" (CPU), "torch-cuda", "tensorrt", or
+    "auto" (TensorRT where it imports and a GPU is present, else torch-cuda where torch
+    sees a GPU, else onnxruntime)."""
     manifest: str = "engines/sonic-lite.json"
     """Model manifest, relative to the repository root unless absolute."""
     intra_op_threads: int = 1
@@ -131,6 +135,8 @@ class Settings:
              f"session.max_engine_load={self.session.max_engine_load} must be positive"),
             (self.avatar.expand_ratio >= 0,
              f"avatar.expand_ratio={self.avatar.expand_ratio} must be >= 0"),
+            (self.engine.runtime in RUNTIMES,
+             f"engine.runtime={self.engine.runtime!r} must be one of {', '.join(RUNTIMES)}"),
             (self.engine.intra_op_threads >= 1,
              f"engine.intra_op_threads={self.engine.intra_op_threads} must be >= 1"),
         ]

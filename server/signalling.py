@@ -90,7 +90,7 @@ async def healthz(request: web.Request) -> web.Response:
         "status": "ok",
         "sessions": len(state.sessions),
         "model": state.manifest.name,
-        "runtime": state.settings.engine.runtime,
+        "runtime": state.runtime,
         "capacity_fps": round(state.scheduler.capacity_fps(size), 1),
         "engine_load": round(state.sessions.engine_load(), 3),
         "frame_size": size,

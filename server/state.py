@@ -18,6 +18,7 @@ from server.sessions import SessionManager
 @dataclass
 class ServerState:
     settings: Settings
+    runtime: str  # the runtime engine.runtime resolved to ("auto" picks one)
     manifest: Manifest
     engine: Engine
     scheduler: Scheduler

@@ -30,6 +30,7 @@ def test_command_line_overrides_the_file():
     ({"nosuch.key": 1}, "[nosuch]"),
     ({"http.nosuch": 1}, "http.nosuch"),
     ({"http.port": "eighty"}, "http.port"),
+    ({"engine.runtime": "cuda"}, "engine.runtime='cuda'"),
 ])
 def test_bad_settings_are_refused_naming_the_value(overrides, named):
     with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):

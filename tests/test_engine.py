@@ -466,7 +466,7 @@ def test_create_engine_factory() -> None:
     engine = create_engine("onnxruntime", MANIFEST, intra_op_threads=1)
     assert isinstance(engine, OnnxRuntimeEngine) and engine.manifest.name == "sonic-lite"
     with pytest.raises(ValueError, match="unknown runtime"):
-        create_engine("tensorrt", MANIFEST)
+        create_engine("no-such-runtime", MANIFEST)
 
 
 def test_torch_module_matches_onnx(
