@@ -42,7 +42,8 @@ class Avatar:
                     for size, p in self.prepared.items()}
         return {"avatar_id": self.avatar_id, "name": self.name, "width": w, "height": h,
                 "created": self.created, "image_url": f"/avatars/{self.avatar_id}/image",
-                "geometry": geometry}
+                "geometry": geometry,
+                "geometry_source": next(iter(self.prepared.values())).source}
 
 
 class AvatarStore:

@@ -129,6 +129,8 @@ async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
         async with http.post(f"{server.url}/avatars", data=form) as response:
             assert response.status == 201, await response.text()
             avatar_id = (await response.json())["avatar_id"]
+        async with http.get(f"{server.url}/avatars/{avatar_id}") as response:
+            assert (await response.json())["geometry_source"] == "landmarks"
         async with http.get(f"{server.url}/avatars/{avatar_id}/image") as response:
             assert response.status == 200 and response.content_type == "image/png"
     received = await run_session(server.url, str(speech_wav), seconds=3.0, avatar=avatar_id,
