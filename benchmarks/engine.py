@@ -15,22 +15,11 @@ import time
 
 import numpy as np
 
+from benchmarks.gpu import speech_windows
 from inference.engine import FrameInput
-from inference.features import log_mel
 from inference.portrait import load_default_avatar, prepare_portrait
 from inference.runtimes import create_engine
-from inference.tts import SpeechUnavailable, conversation
 from server.config import REPO_ROOT
-
-
-def _windows(manifest, count: int) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
-    try:
-        samples = conversation().astype(np.float32) / 32768
-    except SpeechUnavailable:
-        samples = np.random.default_rng(0).normal(0, 0.1, 16000 * 12).astype(np.float32)
-    mel = log_mel(samples, manifest.features)
-    starts = np.linspace(0, len(mel) - manifest.window_frames, count).astype(int)
-    return [mel[s:s + manifest.window_frames] for s in starts]
 
 
 def measure(engine, slot: int, batch: int, seconds: float, windows) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -63,7 +52,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     engine = create_engine(args.runtime, args.manifest)
-    windows = _windows(engine.manifest, 64)
+    windows = list(speech_windows(engine.manifest, 64))
     image = load_default_avatar()
     if not args.json:
         print(f"runtime {args.runtime}")
