@@ -67,6 +67,36 @@ def test_phoneme_events_monotonic_and_aligned(sentence) -> None:  # type: ignore
     assert silent_db < speech_db - 15  # silence phonemes sit on the quiet parts
 
 
+def test_festival_segments_monotonic_and_aligned() -> None:
+    from inference.training.corpus import alignment_check, festival_batch
+    from inference.training.visemes import _TABLE, _TRANSPARENT
+
+    if shutil.which("festival") is None:
+        pytest.skip("festival is not installed")
+    slow, fast = festival_batch([("Hello there, my lips follow your voice.", 1.4, 160.0, 20.0),
+                                 ("Hello there, my lips follow your voice.", 0.8, 90.0, 10.0)])
+    for utt in (slow, fast):
+        starts = [s for s, _, _ in utt.phones]
+        assert starts == sorted(starts) and starts[0] == 0.0
+        assert all(e >= s for s, e, _ in utt.phones)
+        assert utt.phones[-1][1] == pytest.approx(utt.seconds)
+        assert all(p in _TABLE or p in _TRANSPARENT for _, _, p in utt.phones)  # CMU set
+        silent_db, speech_db = alignment_check(utt)
+        assert silent_db < speech_db - 15
+    assert slow.seconds > 1.3 * fast.seconds  # Duration_Stretch took effect
+
+
+def test_audio_head_removes_spectral_tilt() -> None:
+    model = AudioHead()
+    model.tilt_norm = True  # an option (off in the shipped head)
+    frame = torch.randn(80) * 0.3 - 4.0
+    mel = frame.expand(1, 16, 80).clone()
+    tilt = torch.linspace(-0.5, 0.5, 80)  # +-5 dB across the band
+    a, b = model.features(mel)[0, :80], model.features(mel + tilt)[0, :80]
+    diff = a - b  # only a level offset is left: the tilt itself is gone
+    assert float((diff - diff.mean()).abs().max()) < 1e-4
+
+
 def test_viseme_targets_closed_in_silence_open_on_vowels() -> None:
     phones = [(0.0, 0.5, "_"), (0.5, 0.8, "A:"), (0.8, 0.9, "p"), (0.9, 1.2, "aa"),
               (1.2, 2.0, "pau")]
