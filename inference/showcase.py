@@ -93,8 +93,10 @@ def showcase(out_dir: Path, size: int = 256, manifest: Path = DEFAULT_MANIFEST) 
         container.mux(audio.encode(None))
     picks = composed[int(0.5 * fps):][::2][:24]
     rows = [np.concatenate(picks[r * 4:(r + 1) * 4], axis=1) for r in range(len(picks) // 4)]
-    sheet = out_dir / "contact_sheet.png"
-    cv2.imwrite(str(sheet), cv2.cvtColor(np.concatenate(rows, axis=0), cv2.COLOR_RGB2BGR))
+    sheet = out_dir / "showcase.png"
+    grid = np.concatenate(rows, axis=0)
+    grid = cv2.resize(grid, (grid.shape[1] // 2, grid.shape[0] // 2), interpolation=cv2.INTER_AREA)
+    cv2.imwrite(str(sheet), cv2.cvtColor(grid, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 9])
     engine.release(slot)
     return clip, sheet
 

@@ -22,6 +22,7 @@ from server.state import ServerState, state_key
 
 log = logging.getLogger(__name__)
 STATIC_DIR = REPO_ROOT / "static"
+CPU_MAX_BATCH = 8  # on the CPU a batch costs its frames' sum: larger ones only add latency
 
 
 def _warm_librosa() -> None:
@@ -40,7 +41,7 @@ async def _warm_up(state: ServerState) -> None:
     for size in state.settings.video.allowed_sizes:
         handle = await state.avatars.acquire("astronaut", size)
         try:
-            for batch in sorted({1, 2, state.settings.scheduler.max_batch}):
+            for batch in sorted({1, 2, state.scheduler.max_batch}):
                 frame = FrameInput(slot=handle.slot,
                                    mel=np.full((manifest.window_frames, manifest.features.n_mels),
                                                np.log10(manifest.features.floor), np.float32),
@@ -70,7 +71,9 @@ def create_app(settings: Settings) -> web.Application:
                 f"to render: {manifest.name} needs its audio {needed_ms:.0f} ms after a frame "
                 f"starts; give at least {needed_ms + 10:.0f} ms")
         metrics = Metrics()
-        scheduler = Scheduler(engine, max_batch=settings.scheduler.max_batch,
+        profiles = tuple(getattr(engine, "batch_sizes", ()) or ())
+        max_batch = settings.scheduler.max_batch or max(profiles, default=CPU_MAX_BATCH)
+        scheduler = Scheduler(engine, max_batch=max_batch,
                               max_wait_ms=settings.scheduler.max_wait_ms,
                               max_pending=4 * settings.session.max_sessions + 8,
                               on_batch=metrics.on_batch, on_drop=metrics.on_drop)

@@ -73,8 +73,9 @@ class EngineSettings:
 
 @dataclass
 class SchedulerSettings:
-    max_batch: int = 8
-    """Most frames run in one engine call."""
+    max_batch: int = 0
+    """Most frames run in one engine call; 0 picks the engine's largest batch profile
+    (CUDA graphs, TensorRT profiles), or 8 for an engine without profiles (the CPU)."""
     max_wait_ms: float = 5.0
     """Longest a ready frame waits for others to join its batch."""
 
@@ -118,8 +119,8 @@ class Settings:
              " in [64, 1024]"),
             (self.video.codec.upper() in ("VP8", "H264"),
              f"video.codec={self.video.codec!r} must be VP8 or H264"),
-            (self.scheduler.max_batch >= 1,
-             f"scheduler.max_batch={self.scheduler.max_batch} must be >= 1"),
+            (self.scheduler.max_batch >= 0,
+             f"scheduler.max_batch={self.scheduler.max_batch} must be >= 0 (0: automatic)"),
             (self.scheduler.max_wait_ms >= 0,
              f"scheduler.max_wait_ms={self.scheduler.max_wait_ms} must be >= 0"),
             (self.session.pipeline_delay_ms >= 60,

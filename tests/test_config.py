@@ -24,7 +24,7 @@ def test_command_line_overrides_the_file():
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
-    ({"scheduler.max_batch": 0}, "scheduler.max_batch=0"),
+    ({"scheduler.max_batch": -1}, "scheduler.max_batch=-1"),
     ({"video.size": 300}, "video.size=300"),
     ({"http.port": 70000}, "http.port=70000"),
     ({"nosuch.key": 1}, "[nosuch]"),
