@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+from inference.runtimes.slots import batch_slots
 
 _INPUTS = ("mel", "portrait", "geometry", "knobs", "clock")
 _OUTPUTS = ("frame", "coefficients")
@@ -89,16 +90,8 @@ class OnnxRuntimeEngine:
                 raise KeyError(f"unknown or released portrait slot {slot}") from None
 
     def run(self, batch: list[FrameInput]) -> BatchOutput:
-        if not batch:
-            raise ValueError("empty batch")
         with self._lock:
-            try:
-                slots = [self._slots[item.slot] for item in batch]
-            except KeyError as exc:
-                raise KeyError(f"unknown or released portrait slot {exc.args[0]}") from None
-        size = slots[0].size
-        if any(s.size != size for s in slots):
-            raise ValueError(f"mixed frame sizes in one batch: {sorted({s.size for s in slots})}")
+            slots, _ = batch_slots(self._slots, batch, lambda slot: slot.size)
         for item in batch:
             if item.mel.shape != self._mel_shape:
                 raise ValueError(f"mel window must be {self._mel_shape}, got {item.mel.shape}")

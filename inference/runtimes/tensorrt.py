@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
 
@@ -547,16 +548,8 @@ class TensorRtEngine:
 
     def run(self, batch: list[FrameInput]) -> BatchOutput:
         cudart = _cudart()
-        if not batch:
-            raise ValueError("empty batch")
         with self._lock:
-            try:
-                entries = [self._slots[i.slot] for i in batch]
-            except KeyError as exc:
-                raise KeyError(f"unknown or released portrait slot {exc.args[0]}") from None
-        size = entries[0][0]
-        if any(e[0] != size for e in entries):
-            raise ValueError("mixed frame sizes in one batch")
+            entries, size = batch_slots(self._slots, batch, lambda entry: entry[0])
         se, n = self._sizes[size], len(batch)
         frame_bytes = size * size * 3
         pool = self._pools.setdefault(n * frame_bytes, _PinnedPool(n * frame_bytes))

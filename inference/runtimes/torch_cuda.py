@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
 
@@ -380,14 +381,7 @@ class TorchCudaEngine:
             if item.mel.shape != self._window:
                 raise ValueError(f"mel window must be {self._window}, got {item.mel.shape}")
         with self._lock:
-            try:
-                slots = [self._slots[item.slot] for item in batch]
-            except KeyError as exc:
-                raise KeyError(f"unknown or released portrait slot {exc.args[0]}") from None
-            size = slots[0].size
-            if any(s.size != size for s in slots):
-                sizes = sorted({s.size for s in slots})
-                raise ValueError(f"mixed frame sizes in one batch: {sizes}")
+            slots, size = batch_slots(self._slots, batch, lambda slot: slot.size)
             bank = self._banks[size]
             used = {(size, s.row) for s in slots}
             self._in_use |= used
