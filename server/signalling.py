@@ -92,6 +92,11 @@ async def healthz(request: web.Request) -> web.Response:
         "model": state.manifest.name,
         "runtime": state.runtime,
         "capacity_fps": round(state.scheduler.capacity_fps(size), 1),
+        # Sessions of the default size this engine holds at full frame rate, within the
+        # admission limit: what a load balancer needs.
+        "session_capacity": int(state.scheduler.capacity_fps(size)
+                                * state.settings.session.max_engine_load
+                                // state.settings.video.fps),
         "engine_load": round(state.sessions.engine_load(), 3),
         "frame_size": size,
     })

@@ -117,6 +117,9 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
         async with http.get(f"{url}/sessions") as response:
             assert (await response.json())["sessions"] == []  # nothing leaked
         assert await _avatar_ids(http, url) == avatars_before
+        async with http.get(f"{url}/healthz") as response:
+            health = await response.json()
+        assert health["status"] == "ok" and health["session_capacity"] >= 2
 
 
 async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
