@@ -57,6 +57,7 @@ class Received:
     video: Stream = field(default_factory=lambda: Stream("video"))
     audio: Stream = field(default_factory=lambda: Stream("audio"))
     answer: dict[str, Any] = field(default_factory=dict)
+    coefficients: list[dict[str, Any]] = field(default_factory=list)
 
     def video_fps(self) -> float:
         t = self.video.arrivals
@@ -97,13 +98,18 @@ async def _consume(track: MediaStreamTrack, receiver: RTCRtpReceiver, stream: St
 
 async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | None = None,
                       options: dict[str, Any] | None = None, keep: bool = True,
-                      hang_up: bool = True) -> Received:
-    """Offer, stream ``wav`` in real time, and record ``seconds`` of what comes back."""
+                      hang_up: bool = True, coefficients: bool = False) -> Received:
+    """Offer, stream ``wav`` in real time, and record ``seconds`` of what comes back
+    (with ``coefficients``, also the motion coefficients sent on a data channel)."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     player = MediaPlayer(wav)
     assert player.audio is not None
     pc.addTrack(player.audio)
     pc.addTransceiver("video", direction="recvonly")
+    messages: list[dict[str, Any]] = []
+    if coefficients:
+        channel = pc.createDataChannel("coefficients")
+        channel.on("message", lambda message: messages.append(json.loads(message)))
     tracks: list[tuple[MediaStreamTrack, RTCRtpReceiver]] = []
 
     @pc.on("track")
@@ -123,7 +129,7 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                 answer = await response.json()
                 if response.status != 200:
                     raise RuntimeError(f"offer refused: {response.status} {answer}")
-            received = Received(answer["session_id"], answer=answer)
+            received = Received(answer["session_id"], answer=answer, coefficients=messages)
             for transceiver in pc.getTransceivers():
                 _watch_sender_reports(transceiver.receiver, getattr(received, transceiver.kind))
             await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))

@@ -10,7 +10,13 @@ import logging
 from collections.abc import Callable
 
 import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import SessionDescription
 
@@ -88,6 +94,11 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
     def on_track(track: object) -> None:
         if getattr(track, "kind", None) == "audio":
             session.add_audio_source(track)  # type: ignore[arg-type]
+
+    @pc.on("datachannel")
+    def on_datachannel(channel: RTCDataChannel) -> None:
+        if channel.label == "coefficients":
+            session.add_coefficient_channel(channel)
 
     @pc.on("connectionstatechange")
     async def on_state() -> None:

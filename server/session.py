@@ -10,6 +10,7 @@ index at their clock times. The session knows nothing of batching or of SDP.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 import av
 import numpy as np
+from aiortc import RTCDataChannel
 from aiortc.mediastreams import MediaStreamTrack
 
 from inference.engine import FrameInput, Manifest
@@ -116,6 +118,8 @@ class Session:
         self._close_task: asyncio.Task[None] | None = None
         self._on_close: list[Callable[[Session], Any]] = []
         self._coefficients: np.ndarray | None = None
+        self._coefficient_channels: list[RTCDataChannel] = []
+        self._coefficients_sent = -1
         # stats
         self.frames_submitted = 0
         self.frames_dropped = 0
@@ -138,6 +142,12 @@ class Session:
         """Feed an inbound audio track (WebRTC today; HTTP push and WHIP plug in here)."""
         loop = asyncio.get_running_loop()
         self._spawn(pump_track(track, self.ingest, loop.time))
+
+    def add_coefficient_channel(self, channel: RTCDataChannel) -> None:
+        """Send each fresh frame's motion coefficients on ``channel`` as the frame leaves:
+        JSON ``{"frame", "time", "coefficients": {name: value}}``, on the video's clock, for
+        clients that drive their own avatar (a 3D head, a kiosk) from the same speech."""
+        self._coefficient_channels.append(channel)
 
     def viewer_tracks(self) -> tuple[SessionAudioTrack, SessionVideoTrack]:
         """A fresh pair of outbound tracks for one viewer."""
@@ -267,6 +277,9 @@ class Session:
             self._metrics.frames_repeated.inc()
         if content_index < 0:
             return
+        if content_index == index and index > self._coefficients_sent:
+            self._coefficients_sent = index
+            self._send_coefficients(index)
         # Audio chunk carrying the start of this frame's content, on the same timeline.
         k = content_index * self.clock.chunks_per_frame
         audio_at = self._audio_sent.get(k)
@@ -280,6 +293,20 @@ class Session:
             delay = sent_at - arrival
             self._pipeline_delays.append(delay)
             self._metrics.pipeline_delay.observe(delay)
+
+    def _send_coefficients(self, index: int) -> None:
+        if not self._coefficient_channels or self._coefficients is None:
+            return
+        message = json.dumps({
+            "frame": index, "time": round(index / self.clock.fps, 3),
+            "coefficients": {name: round(float(v), 4) for name, v in
+                             zip(self.manifest.coefficient_names, self._coefficients,
+                                 strict=False)}})
+        self._coefficient_channels = [c for c in self._coefficient_channels
+                                      if c.readyState in ("connecting", "open")]
+        for channel in self._coefficient_channels:
+            if channel.readyState == "open":
+                channel.send(message)
 
     # ---- stats ----------------------------------------------------------------------
     def fps(self) -> float:

@@ -69,7 +69,7 @@ def _best_lag_frames(video: np.ndarray, audio: np.ndarray, max_lag: int = 6) -> 
 def received(server, speech_wav) -> Received:
     import asyncio
 
-    return asyncio.run(run_session(server.url, str(speech_wav), seconds=11.0))
+    return asyncio.run(run_session(server.url, str(speech_wav), seconds=11.0, coefficients=True))
 
 
 def test_video_arrives_at_25_fps(received):
@@ -112,3 +112,14 @@ def test_session_reports_pipeline_delay_and_av_offset(server, received):
              if line.startswith("sonic_pipeline_delay_seconds_count")]
     assert float(count[0].split()[-1]) > 100
     assert "sonic_av_offset_seconds_bucket" in text
+
+
+def test_motion_coefficients_arrive_on_the_data_channel_with_the_frames(received):
+    messages = received.coefficients
+    assert len(messages) > 200
+    frames = [m["frame"] for m in messages]
+    assert frames == sorted(frames) and len(set(frames)) == len(frames)
+    names = set(messages[0]["coefficients"])
+    assert {"jawOpen", "mouthClose", "eyeBlinkLeft", "headYaw"} <= names
+    jaw = np.array([m["coefficients"]["jawOpen"] for m in messages])
+    assert np.isfinite(jaw).all() and jaw.max() > 0.3 and np.percentile(jaw, 10) < 0.05
