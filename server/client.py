@@ -118,7 +118,7 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
         tracks.append((track, receiver))
 
     await pc.setLocalDescription(await pc.createOffer())
-    body = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
     if avatar:
         body["avatar"] = avatar
     if options:

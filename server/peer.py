@@ -66,7 +66,7 @@ def check_offer(sdp: object, kind: object) -> str:
     if not any(m.direction in ("sendrecv", "recvonly") for m in video):
         raise OfferError("no_video", "the offer must ask to receive video")
     for m in audio + video:
-        if not m.ice.usernameFragment or not m.dtls or not m.dtls.fingerprints:
+        if m.ice is None or not m.ice.usernameFragment or not m.dtls or not m.dtls.fingerprints:
             raise OfferError("malformed_sdp", f"{m.kind} m-line lacks ICE credentials or a "
                              "DTLS fingerprint")
     return sdp

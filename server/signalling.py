@@ -11,13 +11,13 @@ import logging
 from typing import Any, NoReturn
 
 import cv2
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from inference.portrait import PortraitError
 from server.avatars import DEFAULT_AVATAR, UnknownAvatar
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
-from server.session import OptionsError, SessionOptions
+from server.session import OptionsError, Session, SessionOptions
 from server.sessions import AtCapacity
 from server.state import ServerState, state_key
 
@@ -166,7 +166,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     return web.json_response({"sessions": _state(request).sessions.list()})
 
 
-def _session(request: web.Request):  # type: ignore[no-untyped-def]
+def _session(request: web.Request) -> Session:
     session_id = request.match_info["session_id"]
     session = _state(request).sessions.get(session_id)
     if session is None:
@@ -203,13 +203,27 @@ async def list_avatars(request: web.Request) -> web.Response:
                               "default": DEFAULT_AVATAR})
 
 
+async def _read_part(part: BodyPartReader, limit: int) -> bytes:
+    """A multipart part, refused past ``limit`` bytes (aiohttp's body limit does not apply
+    to streamed multipart reads)."""
+    data = bytearray()
+    while chunk := await part.read_chunk(64 * 1024):
+        data += chunk
+        if len(data) > limit:
+            fail(413, "body_too_large", f"request body exceeds the limit of {limit} bytes")
+    return bytes(data)
+
+
 async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
+    limit = _state(request).settings.http.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        fail(413, "body_too_large", f"request body exceeds the limit of {limit} bytes")
     if request.content_type.startswith("multipart/"):
         reader = await request.multipart()
         async for part in reader:
-            if getattr(part, "filename", None) or part.name in ("image", "file", "portrait"):
-                data = await part.read()  # type: ignore[union-attr]
-                return bytes(data), getattr(part, "filename", None)
+            if isinstance(part, BodyPartReader) and (
+                    part.filename or part.name in ("image", "file", "portrait")):
+                return await _read_part(part, limit), part.filename
         fail(400, "missing_image", 'multipart upload needs a file part named "image"')
     data = await request.read()
     if not data:

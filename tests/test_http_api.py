@@ -109,6 +109,18 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
         form = aiohttp.FormData()
         form.add_field("image", io.BytesIO(_png(grey)), filename="grey.png")
         await _expect(http, "POST", f"{url}/avatars", 422, "no_face", data=form)
+
+        async def chunked_multipart():  # no Content-Length: the limit must hold while streaming
+            boundary = b"b0undary"
+            yield b"--" + boundary + b'\r\nContent-Disposition: form-data; name="image"; ' \
+                b'filename="big.png"\r\nContent-Type: image/png\r\n\r\n'
+            for _ in range(10):
+                yield b"x" * (1024 * 1024)
+            yield b"\r\n--" + boundary + b"--\r\n"
+
+        await _expect(http, "POST", f"{url}/avatars", 413, "body_too_large",
+                      data=chunked_multipart(),
+                      headers={"Content-Type": "multipart/form-data; boundary=b0undary"})
         await _expect(http, "PATCH", f"{url}/sessions/nope", 404, "unknown_session", json={})
         await _expect(http, "DELETE", f"{url}/sessions/nope", 404, "unknown_session")
         await _expect(http, "GET", f"{url}/no/such/page", 404, "not_found")
