@@ -294,7 +294,9 @@ class TorchCudaEngine:
         if not amp:
             portrait = portrait.float()
         geo = geometry.index_select(0, index)
-        with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp):
+        # No autocast weight cache: a cache cleared during CUDA graph capture invalidates it.
+        with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp,
+                            cache_enabled=False):
             frames, coefficients = self.model(mel, portrait, geo, knobs, clock)
         return frames.reshape(n, size, size, 3), coefficients.float()
 
