@@ -103,19 +103,26 @@ def plan_batch(pending: list[FrameRequest], now: float, max_batch: int,
                      and r.deadline > now]
             if fresh:
                 probes.add(id(min(fresh, key=lambda r: r.deadline)))
-    drop = [r for r in pending if r.future.done() or (
-        id(r) not in probes and now + estimate.fastest(r.size, 1) > r.deadline)]
-    live = sorted((r for r in pending if r not in drop), key=lambda r: r.deadline)
+    drop, live = [], []
+    for r in pending:
+        lost = r.future.done() or (
+            id(r) not in probes and now + estimate.fastest(r.size, 1) > r.deadline)
+        (drop if lost else live).append(r)
     if not live:
         return BatchPlan(run=[], drop=drop)
+    live.sort(key=lambda r: r.deadline)
     size = live[0].size
     run = [r for r in live if r.size == size][:max_batch]
-    finish = now + estimate.seconds(size, len(run))
-    # Shrink the batch rather than make its most urgent member late.
-    while len(run) > 1 and finish > run[0].deadline:
-        run.pop()
-        finish = now + estimate.seconds(size, len(run))
-    return BatchPlan(run=run, drop=drop)
+    # Shrink the batch rather than make its most urgent member late: the largest batch
+    # that still finishes by that deadline (estimates grow with the batch).
+    lo, hi = 1, len(run)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if now + estimate.seconds(size, mid) <= run[0].deadline:
+            lo = mid
+        else:
+            hi = mid - 1
+    return BatchPlan(run=run[:lo], drop=drop)
 
 
 def dispatch_delay(pending: list[FrameRequest], now: float, max_batch: int, max_wait: float,
@@ -137,15 +144,6 @@ def dispatch_delay(pending: list[FrameRequest], now: float, max_batch: int, max_
     return max(0.0, min(oldest + max_wait - now, slack))
 
 
-@dataclass
-class SchedulerStats:
-    batches: int = 0
-    frames: int = 0
-    dropped: int = 0
-    overflow: int = 0
-    last_batch_size: int = 0
-
-
 class Scheduler:
     """Collects ``FrameRequest``s from all sessions and runs them on one engine."""
 
@@ -158,7 +156,6 @@ class Scheduler:
         self.max_wait = max_wait_ms / 1000.0
         self.max_pending = max_pending
         self.estimate = RuntimeEstimate()
-        self.stats = SchedulerStats()
         self._on_batch = on_batch or (lambda size, seconds: None)
         self._on_drop = on_drop or (lambda reason: None)
         self._pending: list[FrameRequest] = []
@@ -200,15 +197,10 @@ class Scheduler:
             oldest = min(self._pending, key=lambda r: r.submitted)
             self._pending.remove(oldest)
             self._finish_dropped(oldest, "overflow")
-            self.stats.overflow += 1
         size = self.engine.frame_size(frame.slot)
         self._pending.append(FrameRequest(frame, size, deadline, loop.time(), future))
         self._wakeup.set()
         return future
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
 
     def capacity_fps(self, frame_size: int) -> float:
         """Frames per second this engine has sustained at its best batch size so far."""
@@ -217,7 +209,6 @@ class Scheduler:
     def _finish_dropped(self, request: FrameRequest, reason: str) -> None:
         if not request.future.done():
             request.future.set_result(None)
-            self.stats.dropped += 1
             self._on_drop(reason)
 
     async def _loop(self) -> None:
@@ -239,12 +230,11 @@ class Scheduler:
                         pass
                     continue
                 plan = plan_batch(self._pending, loop.time(), self.max_batch, self.estimate)
+                taken = {id(r) for r in plan.drop} | {id(r) for r in plan.run}
+                self._pending = [r for r in self._pending if id(r) not in taken]
                 for request in plan.drop:
-                    self._pending.remove(request)
                     self._finish_dropped(request, "late")
                 if plan.run:
-                    for request in plan.run:
-                        self._pending.remove(request)
                     await self._execute(plan.run)
         finally:
             self.exited.set()
@@ -262,9 +252,6 @@ class Scheduler:
             return
         seconds = loop.time() - start
         self.estimate.update(batch[0].size, len(batch), seconds, at=loop.time())
-        self.stats.batches += 1
-        self.stats.frames += len(batch)
-        self.stats.last_batch_size = len(batch)
         self._on_batch(len(batch), seconds)
         for i, request in enumerate(batch):
             if not request.future.done():

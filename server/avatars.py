@@ -121,7 +121,3 @@ class AvatarStore:
             self._engine.release(slot)
         else:
             self._slots[key] = (slot, refs - 1)
-
-    @property
-    def resident_slots(self) -> int:
-        return len(self._slots)

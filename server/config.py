@@ -7,7 +7,6 @@ Every field has a default, so the server runs with no file at all; the shipped
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -207,10 +206,6 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     return settings.validate()
 
 
-def settings_as_dict(settings: Settings) -> dict[str, Any]:
-    return dataclasses.asdict(settings)
-
-
 def parse_args(argv: list[str] | None = None) -> Settings:
     """``python -m server [--config F] [--host H] [--port P] [--set section.key=value ...]``."""
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
@@ -245,5 +240,4 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         raise  # unreachable: parser.error exits
 
 
-__all__ = ["REPO_ROOT", "ConfigError", "Settings", "load_settings", "parse_args",
-           "settings_as_dict"]
+__all__ = ["REPO_ROOT", "ConfigError", "Settings", "load_settings", "parse_args"]
