@@ -17,7 +17,8 @@ import numpy as np
 
 from benchmarks.gpu import speech_windows
 from inference.engine import FrameInput
-from inference.portrait import load_default_avatar, prepare_portrait
+from inference.images import load_default_avatar
+from inference.portrait import prepare_portrait
 from inference.runtimes import create_engine
 from server.config import REPO_ROOT
 

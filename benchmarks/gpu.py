@@ -53,7 +53,8 @@ def speech_windows(manifest: Manifest, count: int) -> np.ndarray:
 
 
 def portrait(size: int) -> PreparedPortrait:
-    from inference.portrait import load_default_avatar, prepare_portrait
+    from inference.images import load_default_avatar
+    from inference.portrait import prepare_portrait
 
     return prepare_portrait(load_default_avatar(), size=size)
 

@@ -10,6 +10,7 @@ pure function of its inputs, so frames of different sessions batch freely.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -56,8 +57,40 @@ GEOMETRY_NAMES: tuple[str, ...] = (
     "forehead_y",  # top of the face outline (10)
 )
 
-#: Per-request knobs, in input order.
-KNOB_NAMES: tuple[str, ...] = ("motion_scale", "dynamic_scale")
+@dataclass(frozen=True)
+class Knob:
+    """A per-session control the model takes as an input, defined once: the API validates
+    against it, the config's session defaults use it, the page draws its slider from it."""
+
+    name: str
+    label: str
+    low: float
+    high: float
+    default: float
+    doc: str
+
+    def check(self, value: object) -> float:
+        """``value`` as a float in range, or ValueError naming the knob and its range."""
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not self.low <= value <= self.high:
+            raise ValueError(f"{self.name}={value!r} must be a number in "
+                             f"[{self.low:g}, {self.high:g}]")
+        return float(value)
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "label": self.label, "min": self.low, "max": self.high,
+                "default": self.default, "doc": self.doc}
+
+
+#: Per-request knobs, in the engine's input order.
+KNOBS: tuple[Knob, ...] = (
+    Knob("motion_scale", "Mouth motion", 0.0, 2.0, 1.0,
+         "mouth amplitude: 0 keeps the mouth still, 1 as trained, 2 exaggerated"),
+    Knob("dynamic_scale", "Head motion", 0.0, 2.0, 1.0,
+         "head sway and nods: 0 holds the head still; blinks are not scaled"),
+)
+KNOB_NAMES: tuple[str, ...] = tuple(k.name for k in KNOBS)
+KNOBS_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 
 
 @dataclass(frozen=True)
@@ -75,20 +108,18 @@ class FeatureSpec:
 
 
 @dataclass(frozen=True)
-class Manifest:
-    """What a shipped model declares about itself (``engines/<name>.json``)."""
+class FrameTiming:
+    """Which audio a video frame sees: frame rate, features, window and look-ahead.
 
-    name: str
-    onnx: str
+    The one place this arithmetic lives: live sessions, offline renders, training windows
+    and the model's own pooling kernels all cut windows by :meth:`window_start`.
+    """
+
     fps: int
     features: FeatureSpec
     #: Mel frames per window, and how many of them lie after the end of the video frame.
     window_frames: int
     lookahead_frames: int
-    coefficient_names: tuple[str, ...]
-    geometry_names: tuple[str, ...] = GEOMETRY_NAMES
-    knob_names: tuple[str, ...] = KNOB_NAMES
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def mel_frames_per_video_frame(self) -> int:
@@ -112,12 +143,36 @@ class Manifest:
         end = (frame_index + 1) * self.mel_frames_per_video_frame + self.lookahead_frames
         return end - self.window_frames
 
+
+@dataclass(frozen=True)
+class Manifest(FrameTiming):
+    """What a shipped model declares about itself (``engines/<name>.json``)."""
+
+    name: str
+    onnx: str
+    coefficient_names: tuple[str, ...]
+    geometry_names: tuple[str, ...] = GEOMETRY_NAMES
+    knob_names: tuple[str, ...] = KNOB_NAMES
+    #: Frame sides the model was made for (the renderer's detail is tuned to them).
+    portrait_sizes: tuple[int, ...] = (256, 512)
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def knob_vector(self, values: Mapping[str, float]) -> np.ndarray:
+        """One frame's knob input in this model's order (each knob's default where unset)."""
+        return np.array([values.get(name, KNOBS_BY_NAME[name].default)
+                         for name in self.knob_names], np.float32)
+
     @classmethod
     def load(cls, path: str | Path) -> Manifest:
         path = Path(path)
         raw = json.loads(path.read_text())
         known = {"name", "onnx", "fps", "features", "window_frames", "lookahead_frames",
-                 "coefficient_names", "geometry_names", "knob_names"}
+                 "coefficient_names", "geometry_names", "knob_names", "portrait_sizes"}
+        knob_names = tuple(raw.get("knob_names", KNOB_NAMES))
+        unknown = [k for k in knob_names if k not in KNOB_NAMES]
+        if unknown:
+            raise ValueError(f"{path}: knobs {unknown} are not defined by the engine contract "
+                             f"(known: {', '.join(KNOB_NAMES)})")
         return cls(
             name=raw["name"],
             onnx=str(path.parent / raw["onnx"]),
@@ -127,7 +182,8 @@ class Manifest:
             lookahead_frames=int(raw["lookahead_frames"]),
             coefficient_names=tuple(raw["coefficient_names"]),
             geometry_names=tuple(raw.get("geometry_names", GEOMETRY_NAMES)),
-            knob_names=tuple(raw.get("knob_names", KNOB_NAMES)),
+            knob_names=knob_names,
+            portrait_sizes=tuple(int(s) for s in raw.get("portrait_sizes", (256, 512))),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -151,8 +207,15 @@ class FrameInput:
 
     slot: int
     mel: np.ndarray  # float32, (window_frames, n_mels)
-    knobs: np.ndarray  # float32, (len(KNOB_NAMES),)
+    knobs: np.ndarray  # float32, (len(knob_names),) in the manifest's order
     clock: np.ndarray  # float32, (2,): session time in seconds, session phase
+
+    @classmethod
+    def for_frame(cls, slot: int, index: int, fps: int, mel: np.ndarray, knobs: np.ndarray,
+                  phase: float) -> FrameInput:
+        """Video frame ``index`` of a session whose idle motion is shifted by ``phase``."""
+        return cls(slot=slot, mel=mel, knobs=knobs,
+                   clock=np.array([index / fps, phase], np.float32))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Each mouth and eye shape is anchored on where the lips, lids and jaw really are, so the
 geometry comes from the face mesh (:mod:`inference.landmarks`) when it can run, and from the
-Haar proportions of :mod:`inference.portrait` otherwise (``source`` says which). This module
+Haar proportions of :mod:`inference.face_detect` otherwise (``source`` says which). This module
 does not import torch: the server computes geometry without the model's build tools.
 
 Coordinates follow the engine's convention: normalised to [-1, 1] in the crop
@@ -17,8 +17,9 @@ import math
 import numpy as np
 
 from inference.engine import GEOMETRY_NAMES
+from inference.face_detect import FaceBox, detect_face, face_points
+from inference.images import PortraitError
 from inference.landmarks import find_landmarks
-from inference.portrait import FaceBox, PortraitError, _face_points, detect_face
 
 __all__ = ["geometry_from_landmarks", "portrait_geometry"]
 
@@ -88,7 +89,7 @@ def geometry_from_landmarks(points: np.ndarray, size: int) -> np.ndarray:
 
 
 #: Haar fallback proportions, in the "face unit" u = (chin - mouth) / 0.7 of
-#: ``inference.portrait`` (about the eye-to-mouth distance) and the inter-eye distance d;
+#: ``inference.face_detect`` (about the eye-to-mouth distance) and the inter-eye distance d;
 #: read off the landmarks of the astronaut and Grace Hopper.
 _HAAR = {
     "upper_outer": 0.22,  # above the mouth line, x u
@@ -107,7 +108,7 @@ _HAAR = {
 def geometry_from_face_box(face: FaceBox, size: int) -> np.ndarray:
     """``GEOMETRY_NAMES`` from Haar proportions of a face box in pixels of a ``size`` crop
     (upright-face approximations: the renderer's shapes stay plausible, not exact)."""
-    pts = _face_points(face)
+    pts = face_points(face)
     (lx, ly), (rx, ry) = pts["eye_left"], pts["eye_right"]
     mx, my = pts["mouth"]
     chin_y = pts["chin"][1]

@@ -12,11 +12,12 @@ mel frame ``j`` is centred on sample ``j * hop + hop // 2`` and covers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 
 import numpy as np
 
-from inference.engine import FeatureSpec
+from inference.engine import FeatureSpec, FrameTiming
 
 
 @lru_cache(maxsize=8)
@@ -143,3 +144,49 @@ class StreamingLogMel:
         self._store[:keep] = self._store[drop : self._count]
         self._first = frame
         self._count = keep
+
+
+class FrameWindows:
+    """Each video frame's feature window, cut from a stream of 16 kHz audio as soon as the
+    audio completes it (``FrameTiming.window_start``): the one path from audio to engine
+    input, live (sessions) and offline (renders, tests, benchmarks).
+
+    Memory stays bounded: mel frames no later window needs are dropped as windows leave.
+    """
+
+    def __init__(self, timing: FrameTiming) -> None:
+        self.timing = timing
+        self._mel = StreamingLogMel(timing.features)
+        self.next_frame = 0
+        self.samples_pushed = 0
+
+    def push(self, samples: np.ndarray) -> None:
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        self.samples_pushed += samples.size
+        self._mel.push(samples)
+
+    def ready(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(video frame index, its (window_frames, n_mels) window) for every frame the audio
+        pushed so far completes, in order, each once."""
+        timing = self.timing
+        while True:
+            start = timing.window_start(self.next_frame)
+            if start + timing.window_frames > self._mel.frames_available:
+                return
+            index = self.next_frame
+            self.next_frame += 1
+            window = self._mel.window(start, timing.window_frames)
+            self._mel.discard_before(timing.window_start(self.next_frame))
+            yield index, window
+
+    def finish(self) -> Iterator[tuple[int, np.ndarray]]:
+        """The end of a clip (offline): the windows of every frame its audio started,
+        completed with silence so the last ones get their look-ahead. Push nothing after."""
+        timing, spec = self.timing, self.timing.features
+        started = -(-self.samples_pushed * timing.fps // spec.sample_rate)
+        reach = timing.mel_frames_per_video_frame + timing.lookahead_frames
+        self._mel.push(np.zeros(reach * spec.hop_length + spec.n_fft, np.float32))
+        for index, window in self.ready():
+            if index >= started:
+                return
+            yield index, window

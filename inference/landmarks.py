@@ -12,10 +12,15 @@ returns ``None``; callers then fall back to Haar proportions (``inference.face_g
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
+import os
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -113,6 +118,26 @@ def landmark_model_path() -> Path | None:
     return None
 
 
+@contextlib.contextmanager
+def _native_stderr_to_log() -> Iterator[None]:
+    """Route what native code writes to stderr meanwhile into this module's log: TFLite
+    announces its XNNPACK delegate with a bare "INFO:" line that no setting silences."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for line in capture.read().decode(errors="replace").splitlines():
+                info = line.startswith("INFO: ")
+                log.log(logging.DEBUG if info else logging.WARNING, "TFLite: %s",
+                        line.removeprefix("INFO: "))
+
+
 def _load() -> Any:
     """The interpreter, loaded once; None (and one log line) when it cannot be. Lock held."""
     global _interpreter, _load_failed
@@ -125,7 +150,8 @@ def _load() -> Any:
         from ai_edge_litert.interpreter import Interpreter
 
         interp = Interpreter(model_path=str(path), num_threads=1)
-        interp.allocate_tensors()
+        with _native_stderr_to_log():
+            interp.allocate_tensors()  # where TFLite prints its delegate notice
         shape = tuple(interp.get_input_details()[0]["shape"])
         if shape != (1, _INPUT, _INPUT, 3):
             raise ValueError(f"unexpected input shape {shape}")

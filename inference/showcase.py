@@ -16,7 +16,8 @@ import av
 import cv2
 import numpy as np
 
-from inference.portrait import load_default_avatar, prepare_portrait
+from inference.images import load_default_avatar
+from inference.portrait import prepare_portrait
 from inference.render import DEFAULT_MANIFEST, render_frames
 from inference.runtimes import create_engine
 from inference.tts import espeak, silence

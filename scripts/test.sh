@@ -3,9 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Chromium drives the web page; espeak-ng speaks the test speech; festival's kal_diphone
+# voice and flite are the training corpus's other synthesizers (their own tests need them).
 need=()
 command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v chromium >/dev/null || need+=(chromium chromium-driver)
+command -v flite >/dev/null || need+=(flite)
+command -v festival >/dev/null || need+=(festival)
+[ -d /usr/share/festival/voices/english/kal_diphone ] || need+=(festvox-kallpc16k)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
@@ -13,10 +18,11 @@ fi
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 python3 -m pip install -q -e '.[test]'
 # The model and its training are defined in PyTorch (a dev extra, never needed to serve):
-# the CPU build keeps the model's own tests running; without it they skip.
+# the CPU build (about 1.5 GB installed) keeps the model's own tests running.
 if ! python3 -m pip install -q 'torch==2.13.0'; then
   echo "PyTorch 2.13.0 is not installable here: the model's own tests will skip"
 fi
 python3 -m ruff check server inference tests benchmarks
 mkdir -p out
-python3 -m pytest -q -p no:cacheprovider "$@"
+# -rs: every skip prints its reason.
+python3 -m pytest -q -rs -p no:cacheprovider "$@"

@@ -14,11 +14,15 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aioice").setLevel(logging.WARNING)
-    logging.getLogger("aiortc").setLevel(logging.WARNING)
+    for noisy in ("aioice", "aiortc"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log = logging.getLogger("server")
+    for section, values in settings.effective().items():
+        log.info("settings [%s] %s", section,
+                 " ".join(f"{key}={value!r}" for key, value in values.items()))
     web.run_app(create_app(settings), host=settings.http.host, port=settings.http.port,
-                print=lambda _: logging.getLogger("server").info(
-                    "serving on http://%s:%d", settings.http.host, settings.http.port))
+                print=lambda _: log.info("serving on http://%s:%d", settings.http.host,
+                                         settings.http.port))
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 from aiohttp import web
 
-from inference.engine import FrameInput
-from inference.runtimes import create_engine, resolve_runtime
+from inference.engine import FrameInput, Manifest
+from inference.runtimes import VERIFIED, create_engine, resolve_runtime
 from inference.scheduler import Scheduler
-from server.avatars import AvatarStore
+from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
@@ -36,19 +36,38 @@ def _warm_librosa() -> None:
 async def _warm_up(state: ServerState) -> None:
     """Load the default avatar and run the engine once per allowed size, so the first
     session meets a warm engine and the scheduler starts with a runtime estimate."""
+    log.info("preparing the default avatar")
     await state.avatars.load_default()
     manifest = state.manifest
+    silence = np.full((manifest.window_frames, manifest.features.n_mels),
+                      np.log10(manifest.features.floor), np.float32)
     for size in state.settings.video.allowed_sizes:
-        handle = await state.avatars.acquire("astronaut", size)
+        log.info("warming the engine at %dx%d", size, size)
+        handle = await state.avatars.acquire(DEFAULT_AVATAR, size)
         try:
+            frame = FrameInput.for_frame(handle.slot, 0, manifest.fps, silence,
+                                         manifest.knob_vector({}), 0.0)
             for batch in sorted({1, 2, state.scheduler.max_batch}):
-                frame = FrameInput(slot=handle.slot,
-                                   mel=np.full((manifest.window_frames, manifest.features.n_mels),
-                                               np.log10(manifest.features.floor), np.float32),
-                                   knobs=np.ones(2, np.float32), clock=np.zeros(2, np.float32))
                 await state.scheduler.warm_up([frame] * batch)
         finally:
             state.avatars.release(handle)
+
+
+def _check_model(settings: Settings, manifest: Manifest) -> None:
+    """Settings that only the loaded model can check: its frame rate, sizes and latency."""
+    if settings.video.fps != manifest.fps:
+        raise ConfigError(f"video.fps={settings.video.fps} but {manifest.name} renders at "
+                          f"{manifest.fps} fps")
+    unsupported = sorted(set(settings.video.allowed_sizes) - set(manifest.portrait_sizes))
+    if unsupported:
+        raise ConfigError(f"video.allowed_sizes has {unsupported}: {manifest.name} is made for "
+                          f"{', '.join(map(str, manifest.portrait_sizes))}")
+    needed_ms = 1000 * manifest.frame_latency_s + 20  # + one timeline chunk
+    if settings.session.pipeline_delay_ms < needed_ms + 10:
+        raise ConfigError(
+            f"session.pipeline_delay_ms={settings.session.pipeline_delay_ms} leaves no time "
+            f"to render: {manifest.name} needs its audio {needed_ms:.0f} ms after a frame "
+            f"starts; give at least {needed_ms + 10:.0f} ms")
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -60,16 +79,13 @@ def create_app(settings: Settings) -> web.Application:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
         runtime = resolve_runtime(settings.engine.runtime)
+        log.info("loading %s on %s%s", settings.manifest_path.name, runtime,
+                 "" if runtime in VERIFIED else " (UNVERIFIED runtime)")
         opts = {"intra_op_threads": settings.engine.intra_op_threads} \
             if runtime == "onnxruntime" else {}
-        engine = create_engine(runtime, settings.manifest_path, **opts)
+        engine = await asyncio.to_thread(create_engine, runtime, settings.manifest_path, **opts)
         manifest = engine.manifest
-        needed_ms = 1000 * manifest.frame_latency_s + 20  # + one timeline chunk
-        if settings.session.pipeline_delay_ms < needed_ms + 10:
-            raise ConfigError(
-                f"session.pipeline_delay_ms={settings.session.pipeline_delay_ms} leaves no time "
-                f"to render: {manifest.name} needs its audio {needed_ms:.0f} ms after a frame "
-                f"starts; give at least {needed_ms + 10:.0f} ms")
+        _check_model(settings, manifest)
         metrics = Metrics()
         profiles = tuple(getattr(engine, "batch_sizes", ()) or ())
         max_batch = settings.scheduler.max_batch or max(profiles, default=CPU_MAX_BATCH)
@@ -83,6 +99,7 @@ def create_app(settings: Settings) -> web.Application:
                             metrics, STATIC_DIR)
         app[state_key] = state
         await scheduler.start()
+        log.info("warming the audio features (librosa)")
         await asyncio.to_thread(_warm_librosa)
         await _warm_up(state)  # after librosa, so the engine timings are not contended
         log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,

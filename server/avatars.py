@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from inference.engine import GEOMETRY_NAMES, Engine, PreparedPortrait
-from inference.portrait import decode_image, load_default_avatar, prepare_portrait
+from inference.images import decode_image, load_default_avatar
+from inference.portrait import prepare_portrait
 from server.config import AvatarSettings
 from server.session import AvatarHandle
 
@@ -32,6 +33,7 @@ class Avatar:
     avatar_id: str
     name: str
     image: np.ndarray  # RGB uint8, as uploaded
+    credit: str | None = None  # who made the portrait, and its licence
     created: float = field(default_factory=time.time)
     prepared: dict[int, PreparedPortrait] = field(default_factory=dict)
 
@@ -40,7 +42,8 @@ class Avatar:
         geometry = {str(size): {name: round(float(v), 4) for name, v in
                                 zip(GEOMETRY_NAMES, p.geometry, strict=True)}
                     for size, p in self.prepared.items()}
-        return {"avatar_id": self.avatar_id, "name": self.name, "width": w, "height": h,
+        return {"avatar_id": self.avatar_id, "name": self.name, "credit": self.credit,
+                "width": w, "height": h,
                 "created": self.created, "image_url": f"/avatars/{self.avatar_id}/image",
                 "geometry": geometry,
                 "geometry_source": next(iter(self.prepared.values())).source}
@@ -57,7 +60,8 @@ class AvatarStore:
 
     async def load_default(self) -> Avatar:
         image = await asyncio.to_thread(load_default_avatar)
-        return await self._add(DEFAULT_AVATAR, "Astronaut (NASA, public domain)", image)
+        return await self._add(DEFAULT_AVATAR, "Astronaut", image,
+                               credit="Eileen Collins, NASA portrait, public domain")
 
     async def add_upload(self, data: bytes, name: str | None) -> Avatar:
         """Validate, decode and prepare an upload; raises ``PortraitError`` on bad input."""
@@ -69,8 +73,9 @@ class AvatarStore:
                                         max_pixels=s.max_pixels)
         return await self._add(avatar_id, name or avatar_id, image)
 
-    async def _add(self, avatar_id: str, name: str, image: np.ndarray) -> Avatar:
-        avatar = Avatar(avatar_id, name, image)
+    async def _add(self, avatar_id: str, name: str, image: np.ndarray,
+                   credit: str | None = None) -> Avatar:
+        avatar = Avatar(avatar_id, name, image, credit)
         # Preparing at the default size finds the face now, so a bad portrait fails here.
         avatar.prepared[self._default_size] = await asyncio.to_thread(
             prepare_portrait, image, size=self._default_size,

@@ -1,100 +1,127 @@
 """Typed settings, loaded once from a TOML file and overridden from the command line.
 
-Every field has a default, so the server runs with no file at all; the shipped
-``configs/default.toml`` spells the defaults out. Validation names the offending value.
+Every setting is declared once, with its default, its range and what it does: the same
+declaration validates the file and the overrides, prints ``python -m server --help``,
+and is shown (secrets withheld) by ``GET /config`` and in the start-up log. The server
+runs with no file at all; the shipped ``configs/default.toml`` spells the defaults out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import textwrap
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference.engine import KNOBS, KNOBS_BY_NAME
 from inference.runtimes import RUNTIMES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+WITHHELD = "(withheld)"
 
 
 class ConfigError(ValueError):
     """A setting is missing, unknown, or out of range."""
 
 
+def setting(default: Any, doc: str, *, low: float | None = None, high: float | None = None,
+            choices: tuple[Any, ...] | None = None, secret: bool = False) -> Any:
+    """A settings field: ``low``/``high``/``choices`` bound the value (each item of a
+    list); a ``secret`` is never shown."""
+    meta = {"doc": doc, "low": low, "high": high, "choices": choices, "secret": secret}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def knob_setting(name: str) -> Any:
+    """A session default for one of the engine's knobs, with the knob's own range and doc."""
+    knob = KNOBS_BY_NAME[name]
+    return setting(knob.default, f"default {knob.doc}", low=knob.low, high=knob.high)
+
+
 @dataclass
 class HttpSettings:
-    host: str = "127.0.0.1"
-    """Address to listen on; loopback by default."""
-    port: int = 8080
-    max_body_bytes: int = 8 * 1024 * 1024
-    """Largest request body accepted (uploads included); larger ones get 413."""
+    host: str = setting("127.0.0.1", "address to listen on; loopback by default")
+    port: int = setting(8080, "TCP port to listen on", low=1, high=65535)
+    max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted (uploads "
+                                  "included); larger ones get 413", low=1024)
 
 
 @dataclass
 class IceSettings:
-    servers: list[str] = field(default_factory=list)
-    """STUN/TURN URLs offered to aiortc. Empty by default: no public STUN is contacted."""
-    host_addresses: list[str] = field(default_factory=list)
-    """If set, the only host candidates gathered (e.g. ["127.0.0.1"] for loopback tests)."""
+    servers: list[str] = setting([], "STUN/TURN URLs offered to aiortc; empty by default, so "
+                                 "no public STUN is contacted")
+    username: str = setting("", "TURN username, for the turn: URLs in ice.servers")
+    credential: str = setting("", "TURN password, for the turn: URLs in ice.servers",
+                              secret=True)
+    host_addresses: list[str] = setting([], "if set, the only host candidates gathered "
+                                        "(e.g. 127.0.0.1 for loopback tests)")
 
 
 @dataclass
 class VideoSettings:
-    size: int = 256
-    """Output frame side in pixels (square); sessions may ask for another allowed size."""
-    allowed_sizes: list[int] = field(default_factory=lambda: [256, 512])
-    fps: int = 25
-    codec: str = "VP8"
-    """Preferred video codec for the answer (VP8 or H264) when the offer allows it."""
+    size: int = setting(256, "default frame side in pixels (square); a session may ask for "
+                        "another of video.allowed_sizes")
+    allowed_sizes: list[int] = setting([256, 512], "frame sides sessions may ask for; each a "
+                                       "size the model was made for", low=64, high=1024)
+    fps: int = setting(25, "frames per second; must be the model's own", low=1, high=120)
+    codec: str = setting("VP8", "preferred video codec of the answer when the offer allows it",
+                         choices=("VP8", "H264"))
 
 
 @dataclass
 class AvatarSettings:
-    expand_ratio: float = 0.5
-    """Margin around the detected face, as a fraction of the face box on each side."""
-    max_side: int = 4096
-    max_pixels: int = 16_000_000
-    max_avatars: int = 64
-    """Uploaded portraits kept in memory; the oldest unused one is evicted past this."""
+    expand_ratio: float = setting(0.5, "margin around the detected face, as a fraction of the "
+                                  "face box on each side", low=0.0, high=4.0)
+    max_side: int = setting(4096, "longest side of an uploaded image, in pixels", low=64)
+    max_pixels: int = setting(16_000_000, "most pixels of an uploaded image", low=4096)
+    max_avatars: int = setting(64, "uploaded portraits kept; the oldest unused one is "
+                               "evicted past this", low=1)
 
 
 @dataclass
 class EngineSettings:
-    runtime: str = "auto"
-    """Which runtime runs the model: "onnxruntime" (CPU), "torch-cuda", "tensorrt", or
-    "auto" (TensorRT where it imports and a GPU is present, else torch-cuda where torch
-    sees a GPU, else onnxruntime)."""
-    manifest: str = "engines/sonic-lite.json"
-    """Model manifest, relative to the repository root unless absolute."""
-    intra_op_threads: int = 1
+    runtime: str = setting("auto", "which runtime runs the model: onnxruntime (CPU), "
+                           "torch-cuda, tensorrt (unverified: choose it explicitly), or auto "
+                           "(torch-cuda where PyTorch sees a GPU, else onnxruntime)",
+                           choices=RUNTIMES)
+    manifest: str = setting("engines/sonic-lite.json", "model manifest, relative to the "
+                            "repository root unless absolute")
+    intra_op_threads: int = setting(1, "ONNX Runtime threads per engine call", low=1)
 
 
 @dataclass
 class SchedulerSettings:
-    max_batch: int = 0
-    """Most frames run in one engine call; 0 picks the engine's largest batch profile
-    (CUDA graphs, TensorRT profiles), or 8 for an engine without profiles (the CPU)."""
-    max_wait_ms: float = 5.0
-    """Longest a ready frame waits for others to join its batch."""
+    max_batch: int = setting(0, "most frames in one engine call; 0 picks the engine's largest "
+                             "batch profile on a GPU, 8 on the CPU", low=0)
+    max_wait_ms: float = setting(5.0, "longest a ready frame waits for others to join its "
+                                 "batch", low=0.0)
 
 
 @dataclass
 class SessionSettings:
-    pipeline_delay_ms: float = 130.0
-    """Audio in to frame out: the outbound audio is the input delayed by exactly this."""
-    jitter_ms: float = 30.0
-    """Inbound audio held back to absorb network jitter before it enters the clock."""
-    max_buffer_ms: float = 300.0
-    """Inbound audio beyond this is dropped (sender clock faster than ours)."""
-    peer_timeout_s: float = 10.0
-    """A session whose peer sends no media for this long (or never connects) is closed."""
-    max_sessions: int = 16
-    max_engine_load: float = 0.9
-    """Admit a session only while all sessions need at most this share of the engine's
-    measured capacity (frames/s at their frame size); the rest is headroom for jitter."""
-    motion_scale: float = 1.0
-    dynamic_scale: float = 1.0
+    pipeline_delay_ms: float = setting(130.0, "audio in to frame out: the outbound audio is "
+                                       "the input delayed by exactly this", low=60.0)
+    jitter_ms: float = setting(30.0, "inbound audio held back to absorb network jitter",
+                               low=0.0)
+    max_buffer_ms: float = setting(300.0, "inbound audio beyond this is dropped (sender clock "
+                                   "faster than ours)", low=20.0)
+    peer_timeout_s: float = setting(10.0, "a session whose peer sends no media for this long "
+                                    "(or never connects) is closed", low=0.1)
+    max_sessions: int = setting(16, "most live sessions", low=1)
+    max_engine_load: float = setting(0.9, "admit a session only while all sessions need at "
+                                     "most this share of the engine's measured capacity",
+                                     low=0.001)
+    motion_scale: float = knob_setting("motion_scale")
+    dynamic_scale: float = knob_setting("dynamic_scale")
+
+    def knob_defaults(self) -> dict[str, float]:
+        return {knob.name: getattr(self, knob.name) for knob in KNOBS}
 
 
 @dataclass
@@ -108,42 +135,32 @@ class Settings:
     session: SessionSettings = field(default_factory=SessionSettings)
 
     def validate(self) -> Settings:
+        for section, group, f in _fields(self):
+            _check_range(f"{section}.{f.name}", getattr(group, f.name), f.metadata)
         checks = [
-            (1 <= self.http.port <= 65535, f"http.port={self.http.port} is not a port"),
-            (self.video.fps > 0, f"video.fps={self.video.fps} must be positive"),
             (self.video.size in self.video.allowed_sizes,
-             f"video.size={self.video.size} not in video.allowed_sizes"),
-            (all(s % 16 == 0 and 64 <= s <= 1024 for s in self.video.allowed_sizes),
-             f"video.allowed_sizes={self.video.allowed_sizes}: each must be a multiple of 16"
-             " in [64, 1024]"),
-            (self.video.codec.upper() in ("VP8", "H264"),
-             f"video.codec={self.video.codec!r} must be VP8 or H264"),
-            (self.scheduler.max_batch >= 0,
-             f"scheduler.max_batch={self.scheduler.max_batch} must be >= 0 (0: automatic)"),
-            (self.scheduler.max_wait_ms >= 0,
-             f"scheduler.max_wait_ms={self.scheduler.max_wait_ms} must be >= 0"),
-            (self.session.pipeline_delay_ms >= 60,
-             f"session.pipeline_delay_ms={self.session.pipeline_delay_ms} must be >= 60"),
-            (0 <= self.session.jitter_ms < self.session.max_buffer_ms,
-             f"session.jitter_ms={self.session.jitter_ms} must be in "
-             f"[0, max_buffer_ms={self.session.max_buffer_ms})"),
-            (self.session.peer_timeout_s > 0,
-             f"session.peer_timeout_s={self.session.peer_timeout_s} must be positive"),
-            (self.session.max_sessions >= 1,
-             f"session.max_sessions={self.session.max_sessions} must be >= 1"),
-            (self.session.max_engine_load > 0,
-             f"session.max_engine_load={self.session.max_engine_load} must be positive"),
-            (self.avatar.expand_ratio >= 0,
-             f"avatar.expand_ratio={self.avatar.expand_ratio} must be >= 0"),
-            (self.engine.runtime in RUNTIMES,
-             f"engine.runtime={self.engine.runtime!r} must be one of {', '.join(RUNTIMES)}"),
-            (self.engine.intra_op_threads >= 1,
-             f"engine.intra_op_threads={self.engine.intra_op_threads} must be >= 1"),
+             f"video.size={self.video.size} not in video.allowed_sizes="
+             f"{self.video.allowed_sizes}"),
+            (all(s % 16 == 0 for s in self.video.allowed_sizes),
+             f"video.allowed_sizes={self.video.allowed_sizes}: each must be a multiple of 16"),
+            (self.session.jitter_ms < self.session.max_buffer_ms,
+             f"session.jitter_ms={self.session.jitter_ms} must be below "
+             f"session.max_buffer_ms={self.session.max_buffer_ms}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
         return self
+
+    def effective(self) -> dict[str, dict[str, Any]]:
+        """Every setting as it is in force, by section; secrets show as withheld."""
+        out: dict[str, dict[str, Any]] = {}
+        for section, group, f in _fields(self):
+            value = getattr(group, f.name)
+            if f.metadata.get("secret") and value:
+                value = WITHHELD
+            out.setdefault(section, {})[f.name] = value
+        return out
 
     @property
     def manifest_path(self) -> Path:
@@ -151,22 +168,46 @@ class Settings:
         return path if path.is_absolute() else REPO_ROOT / path
 
 
+def _fields(settings: Settings) -> list[tuple[str, Any, dataclasses.Field[Any]]]:
+    return [(section.name, getattr(settings, section.name), f)
+            for section in dataclasses.fields(settings)
+            for f in dataclasses.fields(getattr(settings, section.name))]
+
+
+def _rule(meta: typing.Mapping[str, Any]) -> str:
+    """The bound a setting's value must meet, in words ("" when it has none)."""
+    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
+    if choices is not None:
+        return f"one of {', '.join(map(str, choices))}"
+    if low is not None and high is not None:
+        return f"in [{low:g}, {high:g}]"
+    if low is not None:
+        return f">= {low:g}"
+    return f"<= {high:g}" if high is not None else ""
+
+
+def _check_range(where: str, value: Any, meta: typing.Mapping[str, Any]) -> None:
+    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
+    for item in value if isinstance(value, list) else [value]:
+        if (choices is not None and item not in choices) or \
+                (low is not None and item < low) or (high is not None and item > high):
+            raise ConfigError(f"{where}={value!r} must be {_rule(meta)}")
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     """Check/convert one value against a field's annotation (str, int, float, list[...])."""
     origin = typing.get_origin(annotation)
     if origin is list:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v] if value else []
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         (item,) = typing.get_args(annotation)
         return [_coerce(v, item, where) for v in value]
     try:
-        if annotation is bool:
-            if isinstance(value, str):
-                return value.lower() in ("1", "true", "yes", "on")
-            return bool(value)
         if annotation in (int, float, str):
+            if isinstance(value, bool) and annotation is not str:
+                raise ValueError
             if annotation is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return annotation(value)
@@ -182,7 +223,8 @@ def _apply(settings: Settings, section: str, key: str, value: Any) -> None:
     group = getattr(settings, section)
     group_hints = typing.get_type_hints(type(group))
     if key not in group_hints:
-        raise ConfigError(f"unknown setting {section}.{key}")
+        raise ConfigError(f"unknown setting {section}.{key}; known: "
+                          f"{', '.join(sorted(group_hints))}")
     setattr(group, key, _coerce(value, group_hints[key], f"{section}.{key}"))
 
 
@@ -206,9 +248,26 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     return settings.validate()
 
 
+def settings_help() -> str:
+    """Every setting with its default and what it does, for ``--help``."""
+    lines = ["settings (override any with --set SECTION.KEY=VALUE; lists are comma-separated):"]
+    for section, group, f in _fields(Settings()):
+        default = getattr(group, f.name)
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        rule = _rule(f.metadata)
+        lines.append(f"  {section}.{f.name} = {shown!s}" + (f"  ({rule})" if rule else ""))
+        lines += textwrap.wrap(f.metadata["doc"], 88, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> Settings:
     """``python -m server [--config F] [--host H] [--port P] [--set section.key=value ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m server",
+        description="The Sonic media server: speech in over WebRTC, a talking portrait out.\n"
+                    "Reads configs/default.toml (or --config), then the options below.",
+        epilog=settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "default.toml"),
                         help="TOML settings file (default: configs/default.toml)")
     parser.add_argument("--host", help="override http.host")

@@ -33,7 +33,14 @@ class OfferError(ValueError):
 
 
 def rtc_configuration(ice: IceSettings) -> RTCConfiguration:
-    return RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice.servers])
+    """ICE servers from the settings; TURN URLs carry the configured credentials."""
+    def server(url: str) -> RTCIceServer:
+        if url.startswith(("turn:", "turns:")):
+            return RTCIceServer(urls=url, username=ice.username or None,
+                                credential=ice.credential or None)
+        return RTCIceServer(urls=url)
+
+    return RTCConfiguration(iceServers=[server(url) for url in ice.servers])
 
 
 def pin_host_addresses(addresses: list[str]) -> None:

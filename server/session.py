@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +24,8 @@ import numpy as np
 from aiortc import RTCDataChannel
 from aiortc.mediastreams import MediaStreamTrack
 
-from inference.engine import FrameInput, Manifest
-from inference.features import StreamingLogMel
+from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manifest
+from inference.features import FrameWindows
 from inference.scheduler import FrameResult, Scheduler
 from server.audio_ingest import SAMPLE_RATE, AudioIngest, pump_track
 from server.config import SessionSettings
@@ -43,31 +43,26 @@ class OptionsError(ValueError):
     """A session option is unknown or out of range."""
 
 
-@dataclass
 class SessionOptions:
-    motion_scale: float = 1.0
-    dynamic_scale: float = 1.0
+    """A session's knobs (the engine contract's ``KNOBS``), changed live."""
 
-    RANGES = {"motion_scale": (0.0, 2.0), "dynamic_scale": (0.0, 2.0)}
+    def __init__(self, defaults: Mapping[str, float]) -> None:
+        self.values = {knob.name: float(defaults.get(knob.name, knob.default))
+                       for knob in KNOBS}
 
-    def update(self, raw: dict[str, Any]) -> None:
+    def update(self, raw: object) -> None:
         """Apply a JSON object of knobs; all-or-nothing, naming the offending field."""
         if not isinstance(raw, dict):
             raise OptionsError("options must be a JSON object")
         changes = {}
         for key, value in raw.items():
-            if key not in self.RANGES:
-                raise OptionsError(f"unknown option {key!r}; known: {sorted(self.RANGES)}")
-            low, high = self.RANGES[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not low <= value <= high:
-                raise OptionsError(f"option {key}={value!r} must be a number in [{low}, {high}]")
-            changes[key] = float(value)
-        for key, value in changes.items():
-            setattr(self, key, value)
-
-    def knobs(self) -> np.ndarray:
-        return np.array([self.motion_scale, self.dynamic_scale], np.float32)
+            if key not in KNOBS_BY_NAME:
+                raise OptionsError(f"unknown option {key!r}; known: {', '.join(KNOB_NAMES)}")
+            try:
+                changes[key] = KNOBS_BY_NAME[key].check(value)
+            except ValueError as exc:
+                raise OptionsError(f"option {exc}") from None
+        self.values.update(changes)
 
 
 @dataclass(frozen=True)
@@ -103,15 +98,16 @@ class Session:
                                   settings.max_buffer_ms)
         self._scheduler = scheduler
         self._metrics = metrics
-        self._features = StreamingLogMel(manifest.features)
+        self._windows = FrameWindows(manifest)
         self._resampler = av.AudioResampler(format="s16", layout="mono",
                                             rate=manifest.features.sample_rate)
         self._phase = random.uniform(0.0, 1000.0)
         self._chunks: dict[int, np.ndarray] = {}
         self._arrivals: dict[int, float] = {}
         self._audio_sent: dict[int, float] = {}
+        # Video frames sent before the audio of the same media time: (content, sent_at).
+        self._video_awaiting_audio: dict[int, list[tuple[int, float]]] = {}
         self._frames: dict[int, asyncio.Future[FrameResult | None]] = {}
-        self._next_frame = 0
         self._viewers_started = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
@@ -215,28 +211,21 @@ class Session:
             self._arrivals[k] = arrival
         self._arrivals.pop(k - KEEP_CHUNKS, None)
         self._audio_sent.pop(k - KEEP_CHUNKS, None)
+        self._video_awaiting_audio.pop(k - KEEP_CHUNKS, None)
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         pcm = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
         if pcm:
-            self._features.push(np.concatenate(pcm).astype(np.float32) / 32768.0)
+            self._windows.push(np.concatenate(pcm).astype(np.float32) / 32768.0)
         self._submit_ready_frames()
 
     def _submit_ready_frames(self) -> None:
-        manifest = self.manifest
-        while True:
-            start = manifest.window_start(self._next_frame)
-            if start + manifest.window_frames > self._features.frames_available:
-                return
-            i = self._next_frame
-            self._next_frame += 1
-            self._features.discard_before(start)
+        for i, mel in self._windows.ready():
             if not self._viewers_started:
                 continue  # nobody is watching yet: keep the timeline, skip the compute
-            mel = self._features.window(start, manifest.window_frames)
-            request = FrameInput(
-                slot=self.avatar.slot, mel=mel, knobs=self.options.knobs(),
-                clock=np.array([i / self.clock.fps, self._phase], np.float32))
+            request = FrameInput.for_frame(self.avatar.slot, i, self.clock.fps, mel,
+                                           self.manifest.knob_vector(self.options.values),
+                                           self._phase)
             future = self._scheduler.submit(request, self.clock.video_send_time(i))
             future.add_done_callback(self._count_drop)
             self._frames[i] = future
@@ -266,7 +255,11 @@ class Session:
         return self._chunks.get(k)
 
     def report_audio(self, k: int, sent_at: float) -> None:
-        self._audio_sent.setdefault(k, sent_at)
+        if k in self._audio_sent:
+            return
+        self._audio_sent[k] = sent_at
+        for content_index, video_at in self._video_awaiting_audio.pop(k, ()):
+            self._observe_av_offset(content_index, video_at, sent_at)
 
     def report_video(self, index: int, content_index: int, sent_at: float) -> None:
         self.frames_sent += 1
@@ -280,19 +273,27 @@ class Session:
         if content_index == index and index > self._coefficients_sent:
             self._coefficients_sent = index
             self._send_coefficients(index)
-        # Audio chunk carrying the start of this frame's content, on the same timeline.
+        # Audio chunk carrying the start of this frame's content, on the same timeline; the
+        # two tracks send at the same instants, so either may report first.
         k = content_index * self.clock.chunks_per_frame
         audio_at = self._audio_sent.get(k)
         if audio_at is not None:
-            offset = (sent_at - self.clock.video_send_time(content_index)) - \
-                (audio_at - self.clock.audio_send_time(k))
-            self._av_offsets.append(offset)
-            self._metrics.av_offset.observe(offset)
+            self._observe_av_offset(content_index, sent_at, audio_at)
+        else:
+            self._video_awaiting_audio.setdefault(k, []).append((content_index, sent_at))
         arrival = self._arrivals.get(k)
         if arrival is not None and content_index == index:
             delay = sent_at - arrival
             self._pipeline_delays.append(delay)
             self._metrics.pipeline_delay.observe(delay)
+
+    def _observe_av_offset(self, content_index: int, video_at: float, audio_at: float) -> None:
+        """How much later than its audio a frame left, each against its own schedule."""
+        k = content_index * self.clock.chunks_per_frame
+        offset = (video_at - self.clock.video_send_time(content_index)) - \
+            (audio_at - self.clock.audio_send_time(k))
+        self._av_offsets.append(offset)
+        self._metrics.av_offset.observe(offset)
 
     def _send_coefficients(self, index: int) -> None:
         if not self._coefficient_channels or self._coefficients is None:
@@ -350,7 +351,6 @@ class Session:
             "avatar": self.avatar.avatar_id,
             "size": self.avatar.size,
             "created": self.created,
-            "options": {"motion_scale": self.options.motion_scale,
-                        "dynamic_scale": self.options.dynamic_scale},
+            "options": dict(self.options.values),
             "stats": self.stats(),
         }

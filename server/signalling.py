@@ -13,7 +13,9 @@ from typing import Any, NoReturn
 import cv2
 from aiohttp import BodyPartReader, web
 
-from inference.portrait import PortraitError
+from inference.engine import KNOBS
+from inference.images import PortraitError
+from inference.runtimes import VERIFIED
 from server.avatars import DEFAULT_AVATAR, UnknownAvatar
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
@@ -91,6 +93,9 @@ async def healthz(request: web.Request) -> web.Response:
         "sessions": len(state.sessions),
         "model": state.manifest.name,
         "runtime": state.runtime,
+        # Whether this runtime's frames were ever checked against the reference on real
+        # hardware (TensorRT has not been: see inference/runtimes/__init__.py).
+        "runtime_verified": state.runtime in VERIFIED,
         "capacity_fps": round(state.scheduler.capacity_fps(size), 1),
         # Sessions of the default size this engine holds at full frame rate, within the
         # admission limit: what a load balancer needs.
@@ -100,6 +105,16 @@ async def healthz(request: web.Request) -> web.Response:
         "engine_load": round(state.sessions.engine_load(), 3),
         "frame_size": size,
     })
+
+
+@routes.get("/config")
+async def config(request: web.Request) -> web.Response:
+    """The settings in force (secrets withheld) and the session knobs with their ranges:
+    what operators check after overriding, and what the page builds its controls from."""
+    settings = _state(request).settings
+    knobs = [{**knob.describe(), "default": settings.session.knob_defaults()[knob.name]}
+             for knob in KNOBS]
+    return web.json_response({"settings": settings.effective(), "knobs": knobs})
 
 
 @routes.get("/metrics")
@@ -135,8 +150,7 @@ async def offer(request: web.Request) -> web.Response:
     if size not in state.settings.video.allowed_sizes:
         fail(400, "invalid_options", f"options.size={size!r} must be one of "
              f"{state.settings.video.allowed_sizes}")
-    options = SessionOptions(state.settings.session.motion_scale,
-                             state.settings.session.dynamic_scale)
+    options = SessionOptions(state.settings.session.knob_defaults())
     try:
         options.update(raw_options)
     except OptionsError as exc:

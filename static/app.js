@@ -8,9 +8,9 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   avatars: $('avatar-list'), upload: $('upload'), size: $('size'), chooser: $('chooser'),
   start: $('start'), stop: $('stop'), video: $('video'), mute: $('mute'),
-  status: $('status'), error: $('error'), stats: $('stats'),
-  motion: $('motion-scale'), dynamic: $('dynamic-scale'),
+  status: $('status'), error: $('error'), stats: $('stats'), knobs: $('knobs'),
 };
+const sliders = new Map(); // knob name -> its range input, built from GET /config
 
 let pc = null;
 let mic = null;
@@ -82,7 +82,7 @@ async function loadAvatars(select) {
   ui.avatars.replaceChildren(...avatars.map((a) => {
     const label = document.createElement('label');
     label.className = 'avatar';
-    label.title = a.name;
+    label.title = a.credit ? `${a.name}: ${a.credit}` : a.name;
     const input = Object.assign(document.createElement('input'),
       { type: 'radio', name: 'avatar', value: a.avatar_id });
     input.addEventListener('change', () => selectAvatar(a.avatar_id));
@@ -120,7 +120,35 @@ async function uploadAvatar() {
 // ---- the session --------------------------------------------------------------------
 
 function knobs() {
-  return { motion_scale: Number(ui.motion.value), dynamic_scale: Number(ui.dynamic.value) };
+  return Object.fromEntries([...sliders].map(([name, input]) => [name, Number(input.value)]));
+}
+
+// One slider per knob the server defines (name, label, range, default, what it does), and
+// the frame sizes it allows: the page hard-codes neither.
+async function loadControls() {
+  const { settings, knobs: defined } = await api('GET', 'config');
+  ui.size.replaceChildren(...settings.video.allowed_sizes.map((size) => Object.assign(
+    document.createElement('option'),
+    { value: String(size), textContent: `${size} × ${size}`,
+      selected: size === settings.video.size })));
+  for (const knob of defined) {
+    const id = knob.name.replaceAll('_', '-');
+    const label = Object.assign(document.createElement('label'),
+      { className: 'slider', htmlFor: id, title: `${knob.name}: ${knob.doc}` });
+    const input = Object.assign(document.createElement('input'), {
+      type: 'range', id, min: String(knob.min), max: String(knob.max),
+      step: String((knob.max - knob.min) / 40), value: String(knob.default),
+    });
+    input.dataset.knob = knob.name;
+    const output = Object.assign(document.createElement('output'),
+      { id: `${id}-value`, textContent: Number(knob.default).toFixed(2) });
+    output.htmlFor = id;
+    label.append(Object.assign(document.createElement('span'), { textContent: knob.label }),
+      input, output);
+    input.addEventListener('input', () => onKnob(input));
+    sliders.set(knob.name, input);
+    ui.knobs.append(label);
+  }
 }
 
 function iceGatheringComplete(peer, timeoutMs = 5000) {
@@ -335,8 +363,6 @@ ui.start.addEventListener('click', start);
 ui.stop.addEventListener('click', () => stop());
 ui.upload.addEventListener('change', uploadAvatar);
 ui.mute.addEventListener('change', () => { ui.video.muted = ui.mute.checked; });
-ui.motion.addEventListener('input', () => onKnob(ui.motion));
-ui.dynamic.addEventListener('input', () => onKnob(ui.dynamic));
 // Leaving the page ends the session at once rather than after the server's peer timeout.
 window.addEventListener('pagehide', () => {
   if (sessionId) fetch(`sessions/${sessionId}`, { method: 'DELETE', keepalive: true });
@@ -361,3 +387,4 @@ loadAvatars().catch((error) => {
   ui.avatars.replaceChildren();
   showError(`Could not load the avatars: ${error.message}`);
 });
+loadControls().catch((error) => showError(`Could not load the controls: ${error.message}`));

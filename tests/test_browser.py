@@ -112,6 +112,25 @@ async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
             await expect(default).to_be_checked()
             await expect(page.locator("#avatar-list img").first).to_have_js_property(
                 "complete", True)
+            # Its name is shown whole (the credit goes to the tooltip).
+            name = page.locator("#avatar-list label:has(input[value='astronaut']) span")
+            await expect(name).to_have_text("Astronaut")
+            assert await name.evaluate(
+                "el => el.scrollWidth <= el.clientWidth && el.scrollHeight <= el.clientHeight")
+
+            # The controls are the server's: one slider per knob with its range and
+            # default, the frame sizes it allows; and the muted audio says why.
+            config = await get_json(f"{server.url}/config")
+            sliders = page.locator("#knobs input[type='range']")
+            await expect(sliders).to_have_count(len(config["knobs"]))
+            for knob in config["knobs"]:
+                slider = page.locator(f"#knobs input[data-knob='{knob['name']}']")
+                shown = await slider.evaluate("i => [i.min, i.max, i.value].map(Number)")
+                assert shown == [knob["min"], knob["max"], knob["default"]], (shown, knob)
+            sizes = await page.locator("#size option").evaluate_all(
+                "options => options.map(o => Number(o.value))")
+            assert sizes == config["settings"]["video"]["allowed_sizes"]
+            await expect(page.locator("#mute-hint")).to_be_visible()
             assert await page.locator("#avatar-list img").first.evaluate(
                 "img => img.naturalWidth") > 0
 

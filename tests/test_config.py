@@ -1,8 +1,10 @@
+import json
 from pathlib import Path
 
 import pytest
 
-from server.config import REPO_ROOT, ConfigError, load_settings, parse_args
+from inference.engine import KNOBS
+from server.config import REPO_ROOT, ConfigError, Settings, load_settings, parse_args
 
 
 def test_shipped_config_loads_with_no_public_stun():
@@ -42,3 +44,36 @@ def test_unreadable_config_file_is_a_config_error(tmp_path: Path):
     bad.write_text("[http\nport = 1")
     with pytest.raises(ConfigError, match="cannot read config"):
         load_settings(bad)
+
+
+def test_knob_defaults_are_held_to_the_knobs_own_range():
+    with pytest.raises(ConfigError, match=r"session.motion_scale=5.0 must be in \[0, 2\]"):
+        load_settings(None, {"session.motion_scale": "5"})
+    with pytest.raises(ConfigError, match=r"session.dynamic_scale=-0.5 must be in \[0, 2\]"):
+        load_settings(None, {"session.dynamic_scale": -0.5})
+
+
+def test_every_engine_knob_has_a_session_default_from_its_definition():
+    assert Settings().session.knob_defaults() == {k.name: k.default for k in KNOBS}
+
+
+def test_effective_settings_show_overrides_and_withhold_secrets():
+    settings = load_settings(None, {"session.pipeline_delay_ms": "160", "ice.username": "bot",
+                                    "ice.credential": "hunter2"})
+    effective = settings.effective()
+    assert effective["session"]["pipeline_delay_ms"] == 160.0
+    assert effective["ice"]["username"] == "bot"
+    assert effective["ice"]["credential"] == "(withheld)"
+    assert "hunter2" not in json.dumps(effective)
+    assert load_settings().effective()["ice"]["credential"] == ""  # unset is not a secret
+
+
+def test_help_lists_every_setting_with_its_default_in_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    for section, values in Settings().effective().items():
+        for key in values:
+            assert f"  {section}.{key} = " in shown
+    assert "session.motion_scale = 1.0  (in [0, 2])" in shown
+    assert "``" not in shown and ":mod:" not in shown

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
-import wave
 from pathlib import Path
 
 import cv2
-import librosa
 import numpy as np
 import onnx
 import pytest
 
 from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FrameInput, Manifest, PreparedPortrait
 from inference.face_geometry import portrait_geometry
-from inference.features import StreamingLogMel
+from inference.features import FrameWindows, StreamingLogMel
 from inference.runtimes import create_engine
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
+from inference.tts import SpeechUnavailable, espeak
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "engines" / "sonic-lite.json"
@@ -78,19 +75,13 @@ def box(portrait: PreparedPortrait, part: str) -> tuple[slice, slice]:
     return rows, cols
 
 
-def espeak(tmp_path: Path, text: str, voice: str = "en") -> np.ndarray:
+def speak(text: str, voice: str = "en") -> np.ndarray:
     """``text`` spoken by espeak-ng: 16 kHz mono float32 at -20 dBFS (RMS of the voiced
     part), with 0.6 s of digital silence before and after."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    path = tmp_path / f"speech-{voice}.wav"
-    subprocess.run(
-        ["espeak-ng", "-v", voice, "-w", str(path), text], check=True, capture_output=True
-    )
-    with wave.open(str(path)) as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-    samples = librosa.resample(pcm.astype(np.float32) / 32768.0, orig_sr=rate, target_sr=16000)
+    try:
+        samples = espeak(text, voice=voice, words_per_minute=175).astype(np.float32) / 32768.0
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
     voiced = samples[np.abs(samples) > 1e-3]
     samples = samples * (0.1 / np.sqrt(np.mean(voiced**2)))
     pad = np.zeros(9600, np.float32)
@@ -109,22 +100,12 @@ def render(
     phase: float = 0.0,
     batch: int = 8,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every video frame whose window the audio completes, like a live session."""
+    """Every video frame whose window the audio completes, cut as a live session cuts them."""
     manifest = engine.manifest
-    features = StreamingLogMel(manifest.features)
-    features.push(samples)
-    inputs = []
-    i = 0
-    while manifest.window_start(i) + manifest.window_frames <= features.frames_available:
-        inputs.append(
-            FrameInput(
-                slot=slot,
-                mel=features.window(manifest.window_start(i), manifest.window_frames),
-                knobs=np.array(knobs, np.float32),
-                clock=np.array([i / manifest.fps, phase], np.float32),
-            )
-        )
-        i += 1
+    windows = FrameWindows(manifest)
+    windows.push(samples)
+    inputs = [FrameInput.for_frame(slot, i, manifest.fps, mel, np.array(knobs, np.float32),
+                                   phase) for i, mel in windows.ready()]
     outputs = [engine.run(inputs[k : k + batch]) for k in range(0, len(inputs), batch)]
     return (
         np.concatenate([o.frames for o in outputs]),
@@ -155,9 +136,8 @@ def slot256(engine: OnnxRuntimeEngine, p256: PreparedPortrait) -> int:
 
 
 @pytest.fixture(scope="module")
-def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    tmp = tmp_path_factory.mktemp("engine")
-    return espeak(tmp, "Hello there. My name is Eileen, and I fly the space shuttle.")
+def speech() -> np.ndarray:
+    return speak("Hello there. My name is Eileen, and I fly the space shuttle.")
 
 
 def test_manifest_describes_the_shipped_graph() -> None:
@@ -467,6 +447,25 @@ def test_create_engine_factory() -> None:
     assert isinstance(engine, OnnxRuntimeEngine) and engine.manifest.name == "sonic-lite"
     with pytest.raises(ValueError, match="unknown runtime"):
         create_engine("no-such-runtime", MANIFEST)
+
+
+@pytest.mark.parametrize(("gpus", "tensorrt", "expected"), [
+    (0, False, "onnxruntime"), (0, True, "onnxruntime"),
+    (1, False, "torch-cuda"), (1, True, "torch-cuda"),  # never the unverified TensorRT
+])
+def test_auto_picks_a_verified_runtime(monkeypatch: pytest.MonkeyPatch, gpus: int,
+                                       tensorrt: bool, expected: str) -> None:
+    import importlib.util
+
+    import inference.runtimes as runtimes
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(runtimes, "_cuda_device_count", lambda: gpus)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object()
+                        if name == "tensorrt" and tensorrt else find_spec(name, *a))
+    assert runtimes.resolve_runtime("auto") == expected
+    assert expected in runtimes.VERIFIED and "tensorrt" not in runtimes.VERIFIED
+    assert runtimes.resolve_runtime("tensorrt") == "tensorrt"  # still there when named
 
 
 def test_torch_module_matches_onnx(

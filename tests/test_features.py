@@ -2,40 +2,28 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
-import wave
-from pathlib import Path
 
 import librosa
 import numpy as np
 import pytest
 
 from inference.engine import FeatureSpec
-from inference.features import StreamingLogMel, log_mel
+from inference.features import FrameWindows, StreamingLogMel, log_mel
+from inference.model.timing import TIMING
+from inference.tts import SpeechUnavailable, espeak
 
 SPEC = FeatureSpec()
 
 
-def espeak_16k(tmp_path: Path, text: str) -> np.ndarray:
-    """Speak ``text`` with espeak-ng; mono float32 at 16 kHz."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    path = tmp_path / "speech.wav"
-    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
-    with wave.open(str(path)) as w:
-        assert w.getsampwidth() == 2 and w.getnchannels() == 1
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-    samples = pcm.astype(np.float32) / 32768.0
-    return librosa.resample(samples, orig_sr=rate, target_sr=SPEC.sample_rate).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
-def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    tmp = tmp_path_factory.mktemp("features")
-    return espeak_16k(tmp, "Seven silly swans swam south, singing softly.")
+def speech() -> np.ndarray:
+    """espeak-ng speech, mono float32 at 16 kHz."""
+    try:
+        pcm = espeak("Seven silly swans swam south, singing softly.", words_per_minute=175)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    return pcm.astype(np.float32) / 32768.0
 
 
 def stream(samples: np.ndarray, chunk_sizes: np.ndarray) -> StreamingLogMel:
@@ -190,3 +178,32 @@ def test_short_input_has_no_frames() -> None:
     assert log_mel(np.zeros(needed - 1, np.float32), SPEC).shape == (0, SPEC.n_mels)
     features.push(np.zeros(1, np.float32))
     assert features.frames_available == 1
+
+
+def test_frame_windows_cut_each_frame_as_the_timing_says(speech: np.ndarray) -> None:
+    """Live (20 ms chunks) and offline (one push, then finish) cut the same windows:
+    frame i's window starts at window_start(i), silence before the audio, and finish
+    completes the last frames with silence, one frame per 40 ms the audio begins."""
+    timing = TIMING
+    offline = log_mel(np.concatenate([speech, np.zeros(SPEC.sample_rate, np.float32)]), SPEC)
+    silence = np.log10(np.float32(SPEC.floor))
+
+    live = FrameWindows(timing)
+    got: dict[int, np.ndarray] = {}
+    for pos in range(0, speech.size, 320):
+        live.push(speech[pos : pos + 320])
+        got.update(live.ready())
+    assert sorted(got) == list(range(len(got)))
+    whole = FrameWindows(timing)
+    whole.push(speech)
+    every = dict([*whole.ready(), *whole.finish()])
+    assert len(every) == -(-speech.size * timing.fps // SPEC.sample_rate)
+    assert len(got) < len(every)  # the live stream still waits for the last look-aheads
+    for i, window in every.items():
+        start = timing.window_start(i)
+        expected = np.full((timing.window_frames, SPEC.n_mels), silence, np.float32)
+        lo = max(start, 0)
+        expected[lo - start :] = offline[lo : start + timing.window_frames]
+        np.testing.assert_allclose(window, expected, rtol=0, atol=1e-5)
+        if i in got:
+            np.testing.assert_allclose(got[i], window, rtol=0, atol=1e-5)

@@ -72,7 +72,8 @@ def speech() -> np.ndarray:
 @cache
 def portrait(size: int, mirrored: bool = False) -> PreparedPortrait:
     try:
-        from inference.portrait import load_default_avatar, prepare_portrait
+        from inference.images import load_default_avatar
+        from inference.portrait import prepare_portrait
 
         p = prepare_portrait(load_default_avatar(), size=size)
     except Exception:  # e.g. an OpenCV build without Haar cascades
@@ -332,7 +333,8 @@ def test_tensorrt_module_imports_without_tensorrt() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt") is None or not _cuda(),
                     reason="TensorRT is not installed here (the builder is not installable)")
 def test_tensorrt_fp16_matches_onnxruntime(tmp_path: Path) -> None:
-    from inference.runtimes.tensorrt import TensorRtEngine, build_engines
+    from inference.runtimes.tensorrt import TensorRtEngine
+    from inference.runtimes.tensorrt_build import build_engines
 
     build_engines(MANIFEST_PATH, precision="fp16", sizes=[256], batch_sizes=(1, 4, 16),
                   cache_dir=tmp_path)
@@ -341,3 +343,27 @@ def test_tensorrt_fp16_matches_onnxruntime(tmp_path: Path) -> None:
     slot = engine.prepare(portrait(256))
     out = engine.run(frames([slot], 12))
     assert_close(out.frames, reference(256, 12).frames, 32, 1.0, outlier_grey=8)
+
+
+def test_tensorrt_slot_gather_graph_matches_the_shipped_onnx() -> None:
+    """The graph TensorRT builds from (portraits gathered from a bank by slot), run on
+    onnxruntime here: the same frames as the shipped graph fed each portrait directly."""
+    import onnxruntime as ort
+
+    from inference.runtimes.tensorrt_build import slot_gather_onnx
+
+    m = manifest()
+    wrapped = ort.InferenceSession(slot_gather_onnx(Path(m.onnx).read_bytes()),
+                                   providers=["CPUExecutionProvider"])
+    people = [portrait(256), portrait(256, mirrored=True)]
+    bank = np.stack([p.image.transpose(2, 0, 1).astype(np.float32) / 255 for p in people])
+    batch = frames([0, 1], 4)
+    got = wrapped.run(None, {
+        "mel": np.stack([f.mel for f in batch]), "knobs": np.stack([f.knobs for f in batch]),
+        "clock": np.stack([f.clock for f in batch]), "slot": np.array([0, 1, 0, 1], np.int32),
+        "portrait_bank": bank, "geometry_bank": np.stack([p.geometry for p in people])})
+    engine = OnnxRuntimeEngine(m)
+    slots = [engine.prepare(p) for p in people]
+    want = engine.run(frames(slots, 4))
+    assert_close(got[0], want.frames, 1, 0.001)  # rounding of a differently fused graph
+    np.testing.assert_allclose(got[1], want.coefficients, atol=1e-6)

@@ -14,14 +14,9 @@ import pytest
 from PIL import Image
 
 from inference.engine import GEOMETRY_NAMES, PreparedPortrait
-from inference.portrait import (
-    FaceBox,
-    PortraitError,
-    decode_image,
-    detect_face,
-    load_default_avatar,
-    prepare_portrait,
-)
+from inference.face_detect import FaceBox, detect_face
+from inference.images import PortraitError, decode_image, load_default_avatar
+from inference.portrait import prepare_portrait
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ def test_render_writes_a_talking_mp4_with_audio(short_wav, tmp_path, capsys):
         assert (video.width, video.height) == (256, 256)
         assert audio.rate == 48000
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    assert abs(len(frames) - seconds * 25) <= 2
+    assert len(frames) == int(np.ceil(seconds * 25))  # a frame for every 40 ms begun
     first = frames[0].astype(np.float32)
     change = [np.abs(f.astype(np.float32) - first).mean() for f in frames]
     assert max(change) > 1.0  # the face moved while speaking
@@ -44,3 +44,35 @@ def test_render_refuses_a_portrait_without_a_face(short_wav, tmp_path, capsys):
     assert main(["--audio", str(wav), "--image", str(grey), "--out",
                  str(tmp_path / "x.mp4")]) == 2
     assert "face" in capsys.readouterr().err
+
+
+def test_render_refuses_a_size_the_model_was_not_made_for(short_wav, tmp_path, capsys):
+    wav, _ = short_wav
+    with pytest.raises(SystemExit) as exit_:
+        main(["--audio", str(wav), "--out", str(tmp_path / "x.mp4"), "--size", "300"])
+    assert exit_.value.code == 2
+    assert "--size 300: sonic-lite is made for 256, 512" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--audio", str(wav), "--out", str(tmp_path / "x.mp4"), "--motion-scale", "5"])
+    assert "--motion-scale 5 must be in [0, 2]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "content", "said"), [
+    ("missing.png", None, "No such file or directory"),
+    ("notes.txt", b"not a picture", "This is not an image; use a JPEG or PNG."),
+])
+def test_render_names_the_bad_image_argument(short_wav, tmp_path, capsys, name, content, said):
+    wav, _ = short_wav
+    image = tmp_path / name
+    if content is not None:
+        image.write_bytes(content)
+    assert main(["--audio", str(wav), "--image", str(image), "--out",
+                 str(tmp_path / "x.mp4")]) == 2
+    assert f"--image {image}: {said}" in capsys.readouterr().err
+    assert not (tmp_path / "x.mp4").exists()
+
+
+def test_render_names_the_bad_audio_argument(tmp_path, capsys):
+    missing = tmp_path / "missing.wav"
+    assert main(["--audio", str(missing), "--out", str(tmp_path / "x.mp4")]) == 2
+    assert f"--audio {missing}: No such file or directory" in capsys.readouterr().err

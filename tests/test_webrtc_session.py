@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import urllib.request
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from server.client import Received, run_session
+
+HISTOGRAMS = ("sonic_pipeline_delay_seconds", "sonic_av_offset_seconds")
 
 
 def _get(url: str) -> dict:
@@ -65,11 +69,31 @@ def _best_lag_frames(video: np.ndarray, audio: np.ndarray, max_lag: int = 6) -> 
     return float(lags[best])
 
 
+def _buckets(server, name: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts by upper bound, read from /metrics."""
+    text = urllib.request.urlopen(f"{server.url}/metrics", timeout=5).read().decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == name]
+    return {float(s.labels["le"]): s.value for s in family.samples
+            if s.name == f"{name}_bucket"}
+
+
 @pytest.fixture(scope="module")
-def received(server, speech_wav) -> Received:
+def metrics_before(server) -> dict[str, dict[float, float]]:
+    return {name: _buckets(server, name) for name in HISTOGRAMS}
+
+
+@pytest.fixture(scope="module")
+def received(server, speech_wav, metrics_before) -> Received:
     import asyncio
 
     return asyncio.run(run_session(server.url, str(speech_wav), seconds=11.0, coefficients=True))
+
+
+@pytest.fixture(scope="module")
+def observed(server, received, metrics_before) -> dict[str, dict[float, float]]:
+    """What this module's session added to each histogram (cumulative counts by bound)."""
+    return {name: {le: count - metrics_before[name][le]
+                   for le, count in _buckets(server, name).items()} for name in HISTOGRAMS}
 
 
 def test_video_arrives_at_25_fps(received):
@@ -104,14 +128,16 @@ def test_lips_and_sound_are_within_one_frame(server, received):
     assert abs(lag) <= 1.0, f"video is {lag * 40:.0f} ms off the audio"
 
 
-def test_session_reports_pipeline_delay_and_av_offset(server, received):
-    # The session is gone after hang-up; its figures went to the metrics.
-    text = urllib.request.urlopen(f"{server.url}/metrics", timeout=5).read().decode()
-    assert "sonic_pipeline_delay_seconds_count" in text
-    count = [line for line in text.splitlines()
-             if line.startswith("sonic_pipeline_delay_seconds_count")]
-    assert float(count[0].split()[-1]) > 100
-    assert "sonic_av_offset_seconds_bucket" in text
+def test_session_reports_pipeline_delay_and_av_offset(observed):
+    # The session is gone after hang-up; its figures went to the metrics: a delay for
+    # nearly every fresh frame, under 200 ms, and video within one frame of its audio.
+    delay = observed["sonic_pipeline_delay_seconds"]
+    assert delay[math.inf] > 200, delay
+    assert delay[0.2] >= 0.95 * delay[math.inf], delay
+    assert delay[0.1] == 0, delay  # it cannot be shorter than session.pipeline_delay_ms
+    offset = observed["sonic_av_offset_seconds"]
+    assert offset[math.inf] > 200, offset
+    assert offset[0.04] - offset[-0.04] >= 0.95 * offset[math.inf], offset
 
 
 def test_motion_coefficients_arrive_on_the_data_channel_with_the_frames(received):

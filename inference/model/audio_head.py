@@ -7,14 +7,20 @@ Trained by ``python -m inference.training.train`` on phoneme-labelled synthetic 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from inference.engine import FrameTiming
 from inference.model.blendshapes import SPEECH
+from inference.model.timing import TIMING
 
 LN10 = math.log(10.0)
+#: The shipped head's trained weights (``python -m inference.training.train`` writes them
+#: and a JSON of what they were trained on beside them; export bakes them into the ONNX).
+HEAD_WEIGHTS = Path(__file__).resolve().parents[2] / "engines" / "sonic-lite-audio-head.pt"
 
 
 class AudioHead(nn.Module):
@@ -45,10 +51,10 @@ class AudioHead(nn.Module):
     #: voices a little (0.858 vs 0.867).
     tilt_norm: bool = False
 
-    def __init__(self, n_mels: int = 80, window_frames: int = 16, lookahead_frames: int = 4,
-                 mel_per_video_frame: int = 4, hidden: int = 96, sigma_frames: float = 1.5
-                 ) -> None:
+    def __init__(self, timing: FrameTiming = TIMING, hidden: int = 96,
+                 sigma_frames: float = 1.5) -> None:
         super().__init__()
+        n_mels, window_frames = timing.features.n_mels, timing.window_frames
         self.n_mels = n_mels
         self.window_frames = window_frames
         c_in = n_mels + 2
@@ -58,7 +64,8 @@ class AudioHead(nn.Module):
         )
         self.out = nn.Conv1d(hidden, len(SPEECH), 1)
         # The video frame's own mel frames end where the look-ahead begins.
-        centre = window_frames - lookahead_frames - mel_per_video_frame / 2.0 - 0.5
+        centre = (window_frames - timing.lookahead_frames
+                  - timing.mel_frames_per_video_frame / 2.0 - 0.5)
         t = torch.arange(window_frames, dtype=torch.float32)
         kernel = torch.exp(-0.5 * ((t - centre) / sigma_frames) ** 2)
         self.register_buffer("kernel", kernel / kernel.sum())

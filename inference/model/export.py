@@ -16,19 +16,19 @@ from pathlib import Path
 import onnx
 import torch
 
-from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FeatureSpec
+from inference.engine import GEOMETRY_NAMES, KNOB_NAMES
+from inference.face_detect import FaceBox
 from inference.face_geometry import geometry_from_face_box
+from inference.model.audio_head import HEAD_WEIGHTS
 from inference.model.sonic_lite import COEFFICIENT_NAMES, SonicLite
-from inference.portrait import FaceBox
+from inference.model.timing import TIMING
 
 NAME = "sonic-lite"
 OPSET = 17
-WINDOW_FRAMES = 16
-LOOKAHEAD_FRAMES = 4
-FPS = 25
+PORTRAIT_SIZES = (256, 512)
 
 INPUTS: dict[str, list[str | int]] = {
-    "mel": ["batch", WINDOW_FRAMES, FeatureSpec().n_mels],
+    "mel": ["batch", TIMING.window_frames, TIMING.features.n_mels],
     "portrait": ["batch", 3, "height", "width"],
     "geometry": ["batch", len(GEOMETRY_NAMES)],
     "knobs": ["batch", len(KNOB_NAMES)],
@@ -49,14 +49,10 @@ DTYPES = {
 }
 
 
-HEAD_WEIGHTS = Path(__file__).resolve().parent.parent.parent / "engines" / \
-    "sonic-lite-audio-head.pt"
-
-
 def build_model() -> SonicLite:
     """The shipped model: fixed DSP/renderer tensors plus the trained audio head's weights
     (``python -m inference.training.train`` makes them)."""
-    model = SonicLite(FeatureSpec(), WINDOW_FRAMES, LOOKAHEAD_FRAMES, FPS)
+    model = SonicLite(TIMING)
     model.head.load_state_dict(torch.load(HEAD_WEIGHTS, map_location="cpu", weights_only=True))
     return model.eval()
 
@@ -66,7 +62,7 @@ def example_inputs(batch: int = 2, size: int = 64) -> tuple[torch.Tensor, ...]:
     face = FaceBox(x=0.25 * size, y=0.2 * size, w=0.5 * size, h=0.5 * size)
     geometry = torch.from_numpy(geometry_from_face_box(face, size)).repeat(batch, 1)
     return (
-        torch.full((batch, WINDOW_FRAMES, FeatureSpec().n_mels), -4.0),
+        torch.full((batch, TIMING.window_frames, TIMING.features.n_mels), -4.0),
         torch.full((batch, 3, size, size), 0.5),
         geometry,
         torch.ones(batch, len(KNOB_NAMES)),
@@ -85,17 +81,17 @@ def manifest(onnx_name: str) -> dict[str, object]:
         ),
         "audio_head": json.loads(HEAD_WEIGHTS.with_suffix(".json").read_text()),
         "onnx": onnx_name,
-        "fps": FPS,
-        "features": dataclasses.asdict(FeatureSpec()),
-        "window_frames": WINDOW_FRAMES,
-        "lookahead_frames": LOOKAHEAD_FRAMES,
+        "fps": TIMING.fps,
+        "features": dataclasses.asdict(TIMING.features),
+        "window_frames": TIMING.window_frames,
+        "lookahead_frames": TIMING.lookahead_frames,
         "coefficient_names": list(COEFFICIENT_NAMES),
         "geometry_names": list(GEOMETRY_NAMES),
         "knob_names": list(KNOB_NAMES),
         "opset": OPSET,
         "inputs": [{"name": k, "dtype": DTYPES[k], "shape": v} for k, v in INPUTS.items()],
         "outputs": [{"name": k, "dtype": DTYPES[k], "shape": v} for k, v in OUTPUTS.items()],
-        "portrait_sizes": [256, 512],
+        "portrait_sizes": list(PORTRAIT_SIZES),
         "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__},
     }
 

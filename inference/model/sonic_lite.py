@@ -36,10 +36,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from inference.engine import FeatureSpec
+from inference.engine import FrameTiming
 from inference.model.audio_head import AudioHead
 from inference.model.blendshapes import ALL
 from inference.model.renderer import Renderer
+from inference.model.timing import TIMING
 
 COEFFICIENT_NAMES: tuple[str, ...] = ALL
 
@@ -88,19 +89,10 @@ class SonicLite(nn.Module):
     sigma_frames: float = 3.0
     nod_sigma_frames: float = 5.0
 
-    def __init__(
-        self,
-        spec: FeatureSpec | None = None,
-        window_frames: int = 16,
-        lookahead_frames: int = 8,
-        fps: int = 25,
-    ) -> None:
+    def __init__(self, timing: FrameTiming = TIMING) -> None:
         super().__init__()
-        spec = spec or FeatureSpec()
-        self.spec = spec
-        self.window_frames = window_frames
-        self.lookahead_frames = lookahead_frames
-        self.fps = fps
+        spec = timing.features
+        self.timing = timing
 
         centres = librosa.mel_frequencies(spec.n_mels + 2, fmin=spec.fmin, fmax=spec.fmax)[1:-1]
         bands = np.stack([(centres >= lo) & (centres < hi) for _, lo, hi in BANDS], axis=1)
@@ -108,12 +100,12 @@ class SonicLite(nn.Module):
 
         # Window index of the video frame's centre: the frame's own mel frames sit just
         # before the look-ahead.
-        per_frame = spec.sample_rate // fps // spec.hop_length
-        centre = window_frames - lookahead_frames - per_frame / 2.0 - 0.5
-        t = np.arange(window_frames, dtype=np.float64)
+        centre = (timing.window_frames - timing.lookahead_frames
+                  - timing.mel_frames_per_video_frame / 2.0 - 0.5)
+        t = np.arange(timing.window_frames, dtype=np.float64)
         self.register_buffer("kernel", self._gauss(t, centre + self.lead_frames, self.sigma_frames))
         self.register_buffer("nod_kernel", self._gauss(t, centre, self.nod_sigma_frames))
-        self.head = AudioHead(spec.n_mels, window_frames, lookahead_frames)
+        self.head = AudioHead(timing)
         self.renderer = Renderer()
 
     @staticmethod

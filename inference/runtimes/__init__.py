@@ -9,6 +9,10 @@ from typing import Any
 from inference.engine import Engine, Manifest
 
 RUNTIMES: tuple[str, ...] = ("onnxruntime", "torch-cuda", "tensorrt", "auto")
+#: Runtimes whose frames have been checked against the ONNX reference on real hardware
+#: (tests/test_gpu_runtimes.py). TensorRT's builder cannot be installed where this project
+#: is built, so no TensorRT engine has ever been built or run: "auto" never picks it.
+VERIFIED: frozenset[str] = frozenset({"onnxruntime", "torch-cuda"})
 
 
 def _cuda_device_count() -> int:
@@ -21,16 +25,11 @@ def _cuda_device_count() -> int:
 
 
 def resolve_runtime(runtime: str) -> str:
-    """Map ``auto`` to a concrete runtime: TensorRT where it imports and a GPU is present,
-    else torch-cuda where torch sees a GPU, else onnxruntime on the CPU."""
+    """Map ``auto`` to a concrete, verified runtime: torch-cuda where PyTorch sees a GPU,
+    else onnxruntime on the CPU. TensorRT runs only when asked for by name."""
     if runtime != "auto":
         return runtime
-    gpus = _cuda_device_count()
-    if gpus and importlib.util.find_spec("tensorrt") is not None:
-        return "tensorrt"
-    if gpus:
-        return "torch-cuda"
-    return "onnxruntime"
+    return "torch-cuda" if _cuda_device_count() else "onnxruntime"
 
 
 def create_engine(runtime: str, manifest_path: str | Path, **opts: Any) -> Engine:

@@ -1,4 +1,5 @@
-"""Degrade clean synthetic speech toward what real microphones and WebRTC deliver.
+"""Degrade clean synthetic speech toward what real microphones and WebRTC deliver, and make
+the non-speech clips (noise, music) the mouth must stay closed on.
 
 Every transform takes and returns 16 kHz mono float32 of the same length and keeps
 time alignment (reverb keeps the direct path at lag 0, the Opus round trip removes the
@@ -13,7 +14,8 @@ import av
 import numpy as np
 from scipy.signal import butter, fftconvolve, firwin2, lfilter, resample_poly, sosfilt
 
-SAMPLE_RATE = 16000
+from inference.tts import SAMPLE_RATE
+
 #: libopus's encoder look-ahead at 48 kHz (the Ogg pre-skip), removed after decoding.
 OPUS_PRESKIP_48K = 312
 
@@ -187,3 +189,38 @@ def random_chain(x: np.ndarray, rng: np.random.Generator,
         y = opus_round_trip(y, rate)
         done.append(f"opus{rate // 1000}k")
     return y, done
+
+
+# ---------------------------------------------------------------------------- non-speech
+def non_speech(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Noise floors, hum and synthetic music (notes and chords): the mouth stays closed."""
+    out = []
+    for i in range(n):
+        secs = float(rng.uniform(1.5, 4.0))
+        t = np.arange(int(secs * SAMPLE_RATE)) / SAMPLE_RATE
+        kind = i % 4
+        if kind == 0:
+            x = pink_noise(t.size, rng)
+        elif kind == 1:
+            x = rng.standard_normal(t.size).astype(np.float32)
+        else:
+            x = music(t, rng, chords=kind == 3)
+        x = set_peak(x, float(rng.uniform(-60 if kind < 2 else -30, -3)))
+        out.append(x.astype(np.float32))
+    return out
+
+
+def music(t: np.ndarray, rng: np.random.Generator, chords: bool = True) -> np.ndarray:
+    """Plucked harmonic notes (or triads) on a random melody, with a slow decay."""
+    x = np.zeros(t.size)
+    note_len = float(rng.uniform(0.2, 0.6))
+    for start in np.arange(0.0, t[-1], note_len):
+        root = 220.0 * 2 ** (int(rng.integers(-12, 13)) / 12)
+        freqs = [root * r for r in ((1.0, 1.26, 1.5) if chords else (1.0,))]
+        seg = (t >= start) & (t < start + note_len)
+        tt = t[seg] - start
+        env = np.exp(-tt * rng.uniform(2, 8))
+        for f in freqs:
+            for h in range(1, 6):
+                x[seg] += env * np.sin(2 * np.pi * f * h * tt) / h
+    return x.astype(np.float32)

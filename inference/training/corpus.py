@@ -1,32 +1,30 @@
-"""Phoneme-labelled speech made on this machine: espeak-ng (ctypes), festival and flite.
+"""The training and held-out speech: which synthesizer speaks what, in which voice.
 
-espeak-ng is driven through its C API so that every phoneme arrives as an event with
-its position in the audio (``espeakINITIALIZE_PHONEME_EVENTS``); festival (the
-``kal_diphone`` voice: a natural-recording diphone voice, unlike espeak's formant
-synthesis) reports its ``Segment`` relation's end times from a Scheme script; flite
-prints phoneme end times with ``-psdur``. Many espeak voices, variants, rates and
-pitches plus festival at many rates and pitches make the training set; some espeak
-voices and the whole of flite are kept out of it, so the evaluation measures voices (and
-a synthesizer) the head never heard. flite's ``kal16`` is the same speaker (KAL) as
-festival's ``kal_diphone``, so it is reported apart from slt, awb and rms.
+The synthesizers and their phoneme timings live in :mod:`inference.tts`. Many espeak
+voices, variants, rates and pitches plus festival's ``kal_diphone`` at many rates and
+pitches make the training set; some espeak voices and the whole of flite are kept out of
+it, so the evaluation measures voices (and a synthesizer) the head never heard. flite's
+``kal16`` is the same speaker (KAL) as festival's ``kal_diphone``, so it is reported
+apart from slt, awb and rms.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import pickle
 import random
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.signal import resample_poly
 
-SAMPLE_RATE = 16000
+from inference.tts import (
+    SAMPLE_RATE,
+    Espeak,
+    Utterance,
+    festival_batch,
+    flite,
+)
 
 #: espeak voices (language + variant) used for training.
 TRAIN_LANGS: tuple[str, ...] = ("en-us", "en", "en-gb-x-rp", "en-029", "en-gb-x-gbclan")
@@ -47,22 +45,7 @@ FLITE_VOICES: tuple[str, ...] = ("slt", "awb", "rms", "kal16")
 #: flite's kal16): the headline held-out-synthesizer figure.
 FLITE_UNSEEN_SPEAKERS: tuple[str, ...] = ("slt", "awb", "rms")
 
-CORPUS_VERSION = 2
-
-
-@dataclass
-class Utterance:
-    """16 kHz float32 audio and its phonemes as (start_s, end_s, name)."""
-
-    audio: np.ndarray
-    phones: list[tuple[float, float, str]]
-    synth: str
-    voice: str
-    text: str
-
-    @property
-    def seconds(self) -> float:
-        return self.audio.size / SAMPLE_RATE
+CORPUS_VERSION = 3  # 3: utterances pickled from inference.tts
 
 
 # ---------------------------------------------------------------------------- text
@@ -172,190 +155,6 @@ def sentences(n: int, seed: int = 0) -> list[str]:
     return out[:n]
 
 
-# ---------------------------------------------------------------------------- espeak
-class _EventId(ctypes.Union):
-    _fields_ = [("number", ctypes.c_int), ("name", ctypes.c_char_p),
-                ("string", ctypes.c_char * 8)]
-
-
-class _Event(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint),
-                ("text_position", ctypes.c_int), ("length", ctypes.c_int),
-                ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
-                ("user_data", ctypes.c_void_p), ("id", _EventId)]
-
-
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
-                             ctypes.POINTER(_Event))
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_INITIALIZE_PHONEME_EVENTS = 0x0001
-_EVENT_LIST_TERMINATED, _EVENT_PHONEME, _EVENT_SAMPLERATE = 0, 7, 8
-_RATE, _PITCH = 1, 3
-_CHARS_UTF8 = 1
-
-
-class EspeakUnavailable(RuntimeError):
-    """libespeak-ng.so.1 could not be loaded."""
-
-
-class Espeak:
-    """espeak-ng through its C API: audio plus timed phoneme events (one per process)."""
-
-    _instance: Espeak | None = None
-
-    def __init__(self) -> None:
-        try:
-            self.lib = ctypes.CDLL("libespeak-ng.so.1")
-        except OSError as exc:
-            raise EspeakUnavailable(str(exc)) from exc
-        self.sample_rate = int(self.lib.espeak_Initialize(
-            _AUDIO_OUTPUT_SYNCHRONOUS, 200, None, _INITIALIZE_PHONEME_EVENTS))
-        if self.sample_rate <= 0:
-            raise EspeakUnavailable("espeak_Initialize failed")
-        self._chunks: list[np.ndarray] = []
-        self._events: list[tuple[int, str]] = []
-        self._callback = _CALLBACK(self._on_synth)  # keep a reference: C holds it
-        self.lib.espeak_SetSynthCallback(self._callback)
-        self.lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        self.lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint,
-                                          ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
-                                          ctypes.c_void_p, ctypes.c_void_p]
-
-    @classmethod
-    def get(cls) -> Espeak:
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
-
-    def _on_synth(self, wav: ctypes.Array, n: int, events: ctypes.Array) -> int:
-        if n > 0:
-            self._chunks.append(np.ctypeslib.as_array(wav, (n,)).copy())
-        i = 0
-        while events[i].type != _EVENT_LIST_TERMINATED:
-            ev = events[i]
-            if ev.type == _EVENT_PHONEME:
-                name = bytes(ev.id.string).split(b"\0")[0].decode("ascii", "replace")
-                self._events.append((ev.audio_position, name))
-            elif ev.type == _EVENT_SAMPLERATE:
-                self.sample_rate = int(ev.id.number)
-            i += 1
-        return 0
-
-    def has_voice(self, voice: str) -> bool:
-        return self.lib.espeak_SetVoiceByName(voice.encode()) == 0
-
-    def synth(self, text: str, voice: str = "en-us", rate: int = 175,
-              pitch: int = 50) -> Utterance:
-        """Speak ``text``; phoneme i spans [its event, the next event or the audio end)."""
-        if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
-            raise ValueError(f"espeak-ng has no voice {voice!r}")
-        self.lib.espeak_SetParameter(_RATE, rate, 0)
-        self.lib.espeak_SetParameter(_PITCH, pitch, 0)
-        self._chunks, self._events = [], []
-        data = text.encode("utf-8")
-        self.lib.espeak_Synth(data, len(data) + 1, 0, 1, 0, _CHARS_UTF8, None, None)
-        self.lib.espeak_Synchronize()
-        pcm = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
-        audio = _to_16k(pcm.astype(np.float32) / 32768.0, self.sample_rate)
-        end = audio.size / SAMPLE_RATE
-        times = [ms / 1000.0 for ms, _ in self._events] + [end]
-        phones = [(times[i], max(times[i + 1], times[i]), name)
-                  for i, (_, name) in enumerate(self._events)]
-        return Utterance(audio, phones, "espeak-ng", voice, text)
-
-
-def _to_16k(audio: np.ndarray, rate: int) -> np.ndarray:
-    if rate == SAMPLE_RATE:
-        return audio.astype(np.float32)
-    g = np.gcd(rate, SAMPLE_RATE)
-    return resample_poly(audio, SAMPLE_RATE // g, rate // g).astype(np.float32)
-
-
-# ---------------------------------------------------------------------------- flite
-def flite_available() -> bool:
-    return shutil.which("flite") is not None
-
-
-def flite(text: str, voice: str = "slt") -> Utterance:
-    """Speak ``text`` with flite; ``-psdur`` prints ``phone:end_s`` pairs."""
-    import soundfile as sf
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "out.wav"
-        res = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", str(path)],
-                             check=True, capture_output=True, text=True)
-        audio, rate = sf.read(str(path), dtype="float32")
-    audio = _to_16k(audio.reshape(-1), rate)
-    phones: list[tuple[float, float, str]] = []
-    start = 0.0
-    for item in res.stdout.split():
-        name, _, end_s = item.rpartition(":")
-        end = float(end_s)
-        phones.append((start, end, name))
-        start = end
-    return Utterance(audio, phones, "flite", voice, text)
-
-
-# ---------------------------------------------------------------------------- festival
-def festival_available() -> bool:
-    return shutil.which("festival") is not None
-
-
-def _scheme_string(text: str) -> str:
-    return '"' + text.replace("\\", " ").replace('"', " ") + '"'
-
-
-def festival_batch(items: list[tuple[str, float, float, float]],
-                   voice: str = "kal_diphone") -> list[Utterance]:
-    """Speak each (text, duration_stretch, f0_mean_hz, f0_std_hz) with festival in one
-    process; phoneme i spans [the previous Segment's end, its own end)."""
-    import soundfile as sf
-
-    with tempfile.TemporaryDirectory() as tmp:
-        lines = [f"(voice_{voice})", "(set! base_lr int_lr_params)"]
-        for i, (text, stretch, f0_mean, f0_std) in enumerate(items):
-            wav = Path(tmp) / f"{i}.wav"
-            lines += [
-                f"(Parameter.set 'Duration_Stretch {stretch:.3f})",
-                f"(set! int_lr_params (list (list 'target_f0_mean {f0_mean:.1f}) "
-                f"(list 'target_f0_std {f0_std:.1f}) (list 'model_f0_mean 170) "
-                "(list 'model_f0_std 34)))",
-                f"(set! utt (utt.synth (Utterance Text {_scheme_string(text)})))",
-                f'(utt.save.wave utt "{wav}" \'riff)',
-                f'(format t "@@ {i}\\n")',
-                "(mapcar (lambda (s) (format t \"%s %f\\n\" (item.name s) "
-                "(item.feat s \"end\"))) (utt.relation.items utt 'Segment))",
-            ]
-        script = Path(tmp) / "batch.scm"
-        script.write_text("\n".join(lines) + "\n")
-        res = subprocess.run(["festival", "-b", str(script)], check=True,
-                             capture_output=True, text=True)
-        segs: dict[int, list[tuple[str, float]]] = {}
-        cur = -1
-        for line in res.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0] == "@@":
-                cur = int(parts[1])
-                segs[cur] = []
-            elif len(parts) == 2 and cur >= 0:
-                segs[cur].append((parts[0], float(parts[1])))
-        out = []
-        for i, (text, stretch, f0_mean, _) in enumerate(items):
-            audio, rate = sf.read(str(Path(tmp) / f"{i}.wav"), dtype="float32")
-            audio = _to_16k(audio.reshape(-1), rate)
-            phones: list[tuple[float, float, str]] = []
-            start = 0.0
-            for name, end in segs.get(i, []):
-                phones.append((start, max(end, start), name))
-                start = max(end, start)
-            if phones and phones[-1][1] < audio.size / SAMPLE_RATE:
-                s0, _, name = phones[-1]
-                phones[-1] = (s0, audio.size / SAMPLE_RATE, name)
-            out.append(Utterance(audio, phones, "festival",
-                                 f"{voice}|x{stretch:.2f}|f0={f0_mean:.0f}", text))
-    return out
-
-
 # ---------------------------------------------------------------------------- corpus
 def pad_silence(utt: Utterance, before: float, after: float) -> Utterance:
     """Digital silence around the speech (phoneme times shift with it)."""
@@ -402,9 +201,10 @@ def build_corpus(n_train: int = 2400, n_eval: int = 160, seed: int = 0,
                  cache_dir: str | Path = "data/audio-head", n_festival: int = 800) -> Corpus:
     """Make (or load from ``cache_dir``) the training and held-out utterances.
 
-    ``n_train`` espeak utterances plus ``n_festival`` festival ones (if festival is
-    installed) train. Sentences are split too: evaluation sentences are never spoken in
-    training.
+    ``n_train`` espeak utterances plus ``n_festival`` festival ones train; flite speaks the
+    held-out synthesizer set. A missing synthesizer or voice raises ``SpeechUnavailable``
+    rather than quietly train on less. Sentences are split too: evaluation sentences are
+    never spoken in training.
     """
     key = hashlib.sha1(
         f"{CORPUS_VERSION}-{n_train}-{n_eval}-{seed}-{n_festival}".encode()).hexdigest()[:10]
@@ -433,7 +233,7 @@ def build_corpus(n_train: int = 2400, n_eval: int = 160, seed: int = 0,
         else:
             voice, text = rng.choice(voices), rng.choice(train_texts)
         train.append(padded(es.synth(text, voice, rate, pitch)))
-    if n_festival and festival_available():
+    if n_festival:
         frng = random.Random(seed + 1)
         items = [(frng.choice(train_texts), frng.uniform(0.75, 1.45), frng.uniform(75, 190),
                   frng.uniform(5, 30)) for _ in range(n_festival)]
@@ -443,10 +243,8 @@ def build_corpus(n_train: int = 2400, n_eval: int = 160, seed: int = 0,
     held_v = [padded(es.synth(eval_texts[i % len(eval_texts)], HELDOUT_VOICES[i % 4],
                               rng.randint(130, 220), rng.randint(25, 75)))
               for i in range(n_eval)]
-    held_s = []
-    if flite_available():
-        held_s = [padded(flite(eval_texts[i % len(eval_texts)], FLITE_VOICES[i % 4]))
-                  for i in range(n_eval)]
+    held_s = [padded(flite(eval_texts[i % len(eval_texts)], FLITE_VOICES[i % 4]))
+              for i in range(n_eval)]
     corpus = Corpus(train, held_v, held_s)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with cache.open("wb") as f:

@@ -18,19 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inference.model.audio_head import AudioHead
+from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
 from inference.model.blendshapes import SPEECH
 from inference.training import augment
-from inference.training.corpus import (
-    FLITE_UNSEEN_SPEAKERS,
-    SAMPLE_RATE,
-    Corpus,
-    Espeak,
-    Utterance,
-    build_corpus,
-)
-from inference.training.train import OUT_PT, Windows, make_windows, music
+from inference.training.corpus import FLITE_UNSEEN_SPEAKERS, Corpus, build_corpus
 from inference.training.visemes import nearest_viseme
+from inference.training.windows import Windows, make_windows
+from inference.tts import SAMPLE_RATE, Espeak, SpeechUnavailable, Utterance
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
 MAX_LAG = 5
@@ -156,14 +150,14 @@ def bad_input_clips() -> dict[str, np.ndarray]:
     t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
     try:
         speech = Espeak.get().synth("Hello there, my lips follow your voice.", "en-us").audio
-    except Exception:  # noqa: BLE001 - espeak missing: skip the speech-based cases
+    except SpeechUnavailable:  # the speech-based cases need espeak-ng
         speech = None
     clips = {
         "silence": np.zeros(3 * SAMPLE_RATE, np.float32),
         "dc_only": np.full(3 * SAMPLE_RATE, 0.3, np.float32),
         "noise_-60dBFS": (rng.standard_normal(t.size) * 1e-3).astype(np.float32),
-        "music_notes": augment.set_peak(music(t, rng, chords=False), -6),
-        "music_chords": augment.set_peak(music(t, rng, chords=True), -3),
+        "music_notes": augment.set_peak(augment.music(t, rng, chords=False), -6),
+        "music_chords": augment.set_peak(augment.music(t, rng, chords=True), -3),
         "full_scale_square": np.sign(np.sin(2 * np.pi * 220 * t)).astype(np.float32),
     }
     if speech is not None:
@@ -224,7 +218,7 @@ def markdown(results: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--weights", default=str(OUT_PT))
+    ap.add_argument("--weights", default=str(HEAD_WEIGHTS))
     ap.add_argument("--n-train", type=int, default=1600)
     ap.add_argument("--n-eval", type=int, default=160)
     ap.add_argument("--n-festival", type=int, default=800)

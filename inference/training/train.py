@@ -14,117 +14,19 @@ import argparse
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from inference.engine import FeatureSpec
-from inference.features import log_mel
-from inference.model.audio_head import AudioHead
+from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
 from inference.training import augment
-from inference.training.corpus import SAMPLE_RATE, Utterance, build_corpus
-from inference.training.visemes import (
-    PROTOTYPES,
-    VISEMES,
-    frame_targets,
-    segments_from_phonemes,
-)
-
-FPS = 25
-WINDOW = 16
-LOOKAHEAD = 4
-PER_FRAME = SAMPLE_RATE // FPS // FeatureSpec().hop_length  # 4 mel frames per video frame
-SILENCE = float(np.log10(FeatureSpec().floor))
-OUT_PT = Path("engines/sonic-lite-audio-head.pt")
-OUT_JSON = Path("engines/sonic-lite-audio-head.json")
-
-
-@dataclass
-class Windows:
-    """Every video frame's mel window, stored once as concatenated padded mels."""
-
-    mel: np.ndarray  # (total_mel_frames, 80) float16
-    starts: np.ndarray  # (n_windows,) row of each window's first mel frame
-    targets: np.ndarray  # (n_windows, 11)
-    labels: np.ndarray  # (n_windows,)
-    utt: np.ndarray  # (n_windows,) utterance index (for per-utterance metrics)
-
-    def batch(self, idx: np.ndarray) -> torch.Tensor:
-        rows = self.starts[idx, None] + np.arange(WINDOW)
-        return torch.from_numpy(self.mel[rows].astype(np.float32))
-
-
-def utterance_windows(audio: np.ndarray, phones: list[tuple[float, float, str]] | None
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mel padded with the window's history, targets, labels) for one clip.
-
-    Frame i's window is mel frames [4i - 8, 4i + 8) (``Manifest.window_start``); the
-    mel gets 8 silent frames in front (what the server reads before frame 0) and the
-    audio 0.1 s of silence after, so the last frames have their look-ahead.
-    """
-    n_frames = audio.size * FPS // SAMPLE_RATE
-    mel = log_mel(np.concatenate([audio, np.zeros(SAMPLE_RATE // 10, np.float32)]))
-    head = WINDOW - LOOKAHEAD - PER_FRAME
-    mel = np.concatenate([np.full((head, mel.shape[1]), SILENCE, np.float32), mel])
-    if phones is None:  # non-speech: closed mouth throughout
-        return mel, np.zeros((n_frames, len(PROTOTYPES[0])), np.float32), np.zeros(
-            n_frames, np.int64)
-    targets, labels = frame_targets(segments_from_phonemes(phones), n_frames, FPS)
-    return mel, targets, labels
-
-
-def make_windows(clips: list[tuple[np.ndarray, list[tuple[float, float, str]] | None]]
-                 ) -> Windows:
-    mels, starts, targets, labels, utt = [], [], [], [], []
-    offset = 0
-    for k, (audio, phones) in enumerate(clips):
-        mel, tg, lab = utterance_windows(audio, phones)
-        n = tg.shape[0]
-        mels.append(mel.astype(np.float16))
-        starts.append(offset + PER_FRAME * np.arange(n))
-        targets.append(tg)
-        labels.append(lab)
-        utt.append(np.full(n, k))
-        offset += mel.shape[0]
-    return Windows(np.concatenate(mels), np.concatenate(starts), np.concatenate(targets),
-                   np.concatenate(labels), np.concatenate(utt))
-
-
-def non_speech(n: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Noise floors, hum and synthetic music (notes and chords): the mouth stays closed."""
-    out = []
-    for i in range(n):
-        secs = float(rng.uniform(1.5, 4.0))
-        t = np.arange(int(secs * SAMPLE_RATE)) / SAMPLE_RATE
-        kind = i % 4
-        if kind == 0:
-            x = augment.pink_noise(t.size, rng)
-        elif kind == 1:
-            x = rng.standard_normal(t.size).astype(np.float32)
-        else:
-            x = music(t, rng, chords=kind == 3)
-        x = augment.set_peak(x, float(rng.uniform(-60 if kind < 2 else -30, -3)))
-        out.append(x.astype(np.float32))
-    return out
-
-
-def music(t: np.ndarray, rng: np.random.Generator, chords: bool = True) -> np.ndarray:
-    """Plucked harmonic notes (or triads) on a random melody, with a slow decay."""
-    x = np.zeros(t.size)
-    note_len = float(rng.uniform(0.2, 0.6))
-    for start in np.arange(0.0, t[-1], note_len):
-        root = 220.0 * 2 ** (int(rng.integers(-12, 13)) / 12)
-        freqs = [root * r for r in ((1.0, 1.26, 1.5) if chords else (1.0,))]
-        seg = (t >= start) & (t < start + note_len)
-        tt = t[seg] - start
-        env = np.exp(-tt * rng.uniform(2, 8))
-        for f in freqs:
-            for h in range(1, 6):
-                x[seg] += env * np.sin(2 * np.pi * f * h * tt) / h
-    return x.astype(np.float32)
+from inference.training.corpus import build_corpus
+from inference.training.evaluate import evaluate_all
+from inference.training.visemes import PROTOTYPES, VISEMES
+from inference.training.windows import Windows, make_windows
+from inference.tts import SAMPLE_RATE, Utterance
 
 
 def training_clips(train: list[Utterance], seed: int, n_noise: int, eq_db: float = 12.0,
@@ -150,7 +52,7 @@ def training_clips(train: list[Utterance], seed: int, n_noise: int, eq_db: float
             key = "".join(c for c in d if c.isalpha())
             counts[key] = counts.get(key, 0) + 1
         clips.append((y, phones))
-    for x in non_speech(n_noise, rng):
+    for x in augment.non_speech(n_noise, rng):
         clips.append((x, None))
     return clips, counts
 
@@ -211,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tilt-norm", type=int, default=int(AudioHead.tilt_norm))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
-    ap.add_argument("--out", default=str(OUT_PT))
+    ap.add_argument("--out", default=str(HEAD_WEIGHTS))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -229,8 +131,6 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out)
-
-    from inference.training.evaluate import evaluate_all
 
     metrics = evaluate_all(model, corpus, seed=args.seed)
     params = sum(p.numel() for p in model.parameters())

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inference.model.blendshapes import SPEECH
+from inference.model.timing import TIMING
 
 #: Viseme classes, in label order (index = class id).
 VISEMES: tuple[str, ...] = (
@@ -163,7 +164,7 @@ def segments_from_phonemes(phones: list[tuple[float, float, str]]) -> list[Segme
 
 
 def frame_targets(
-    segments: list[Segment], n_frames: int, fps: int = 25, *, step_s: float = 0.005
+    segments: list[Segment], n_frames: int, fps: int = TIMING.fps, *, step_s: float = 0.005
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-video-frame targets (n_frames, len(SPEECH)) and viseme labels (n_frames,).
 
