@@ -10,6 +10,7 @@ import numpy as np
 from aiohttp import web
 
 from inference.engine import FrameInput, Manifest
+from inference.features import log_mel
 from inference.runtimes import VERIFIED, create_engine, resolve_runtime
 from inference.scheduler import Scheduler
 from server.avatars import DEFAULT_AVATAR, AvatarStore
@@ -25,12 +26,10 @@ STATIC_DIR = REPO_ROOT / "static"
 CPU_MAX_BATCH = 8  # on the CPU a batch costs its frames' sum: larger ones only add latency
 
 
-def _warm_librosa() -> None:
-    """librosa compiles with numba on first use (seconds): do it before the first request."""
-    import librosa
-
-    librosa.filters.mel(sr=16000, n_fft=512, n_mels=80)
-    librosa.resample(np.zeros(1600, np.float32), orig_sr=16000, target_sr=8000)
+def _warm_features(manifest: Manifest) -> None:
+    """librosa compiles its mel filterbank with numba on first use (seconds): build the
+    model's tables before the first session needs them."""
+    log_mel(np.zeros(manifest.features.n_fft, np.float32), manifest.features)
 
 
 async def _warm_up(state: ServerState) -> None:
@@ -100,7 +99,7 @@ def create_app(settings: Settings) -> web.Application:
         app[state_key] = state
         await scheduler.start()
         log.info("warming the audio features (librosa)")
-        await asyncio.to_thread(_warm_librosa)
+        await asyncio.to_thread(_warm_features, manifest)
         await _warm_up(state)  # after librosa, so the engine timings are not contended
         log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
                  runtime, scheduler.capacity_fps(settings.video.size),

@@ -17,9 +17,10 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from server.media_clock import AUDIO_RATE
+
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 48000
 
 
 @dataclass
@@ -34,8 +35,8 @@ class AudioIngest:
 
     def __init__(self, chunk_samples: int, jitter_ms: float, max_buffer_ms: float) -> None:
         self.chunk = chunk_samples
-        self.target = int(SAMPLE_RATE * jitter_ms / 1000)
-        self.limit = int(SAMPLE_RATE * max_buffer_ms / 1000)
+        self.target = int(AUDIO_RATE * jitter_ms / 1000)
+        self.limit = int(AUDIO_RATE * max_buffer_ms / 1000)
         self.stats = IngestStats()
         self._segments: deque[tuple[np.ndarray, float]] = deque()
         self._level = 0
@@ -94,12 +95,12 @@ def to_mono_48k(frame: av.AudioFrame, resampler: av.AudioResampler | None
                 ) -> tuple[np.ndarray, av.AudioResampler | None]:
     """Mono int16 at 48 kHz. Takes one channel of packed s16 stereo (down-mixing identical
     channels would add 3 dB); anything else goes through PyAV's resampler."""
-    if frame.sample_rate == SAMPLE_RATE and frame.format.name == "s16":
+    if frame.sample_rate == AUDIO_RATE and frame.format.name == "s16":
         data = frame.to_ndarray().reshape(-1)
         channels = len(frame.layout.channels)
         return (data[::channels] if channels > 1 else data).copy(), resampler
     if resampler is None:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
     out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
     return (np.concatenate(out) if out else np.zeros(0, np.int16)), resampler
 

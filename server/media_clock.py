@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+#: The audio rate of the whole server: ingest, the timeline and the outbound track (Opus).
 AUDIO_RATE = 48000
 VIDEO_RATE = 90000  # RTP clock of video
 

@@ -27,9 +27,9 @@ from aiortc.mediastreams import MediaStreamTrack
 from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manifest
 from inference.features import FrameWindows
 from inference.scheduler import FrameResult, Scheduler
-from server.audio_ingest import SAMPLE_RATE, AudioIngest, pump_track
+from server.audio_ingest import AudioIngest, pump_track
 from server.config import SessionSettings
-from server.media_clock import MediaClock
+from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
 from server.tracks import SessionAudioTrack, SessionVideoTrack
 
@@ -213,7 +213,7 @@ class Session:
         self._audio_sent.pop(k - KEEP_CHUNKS, None)
         self._video_awaiting_audio.pop(k - KEEP_CHUNKS, None)
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
+        frame.sample_rate = AUDIO_RATE
         pcm = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
         if pcm:
             self._windows.push(np.concatenate(pcm).astype(np.float32) / 32768.0)
@@ -335,12 +335,12 @@ class Session:
                                   "p95": ms(_percentile(self._pipeline_delays, 95))},
             "av_offset_ms": {"p50": ms(_percentile(self._av_offsets, 50)),
                              "p95": ms(_percentile(self._av_offsets, 95))},
-            "audio": {"buffer_ms": round(1000 * self.ingest.level / SAMPLE_RATE, 1),
+            "audio": {"buffer_ms": round(1000 * self.ingest.level / AUDIO_RATE, 1),
                       "underruns": self.ingest.stats.underruns,
                       "dropped_ms": round(1000 * self.ingest.stats.dropped_samples
-                                          / SAMPLE_RATE, 1),
+                                          / AUDIO_RATE, 1),
                       "received_s": round(self.ingest.stats.received_samples
-                                          / SAMPLE_RATE, 2)},
+                                          / AUDIO_RATE, 2)},
             "coefficients": coefficients,
         }
 
