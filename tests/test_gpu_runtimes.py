@@ -24,8 +24,10 @@ saved there.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import threading
+import weakref
 from functools import cache
 from pathlib import Path
 
@@ -367,3 +369,39 @@ def test_tensorrt_slot_gather_graph_matches_the_shipped_onnx() -> None:
     want = engine.run(frames(slots, 4))
     assert_close(got[0], want.frames, 1, 0.001)  # rounding of a differently fused graph
     np.testing.assert_allclose(got[1], want.coefficients, atol=1e-6)
+
+
+@needs_cuda
+def test_torch_cuda_captures_with_the_collector_held_off() -> None:
+    """An engine is freed by Python's cyclic collector, whenever that runs; a collection on
+    the capturing thread mid-capture invalidates the capture (cudaErrorStreamCapture-
+    Invalidated: seen with amp at 512 on an H200, and reproduced there by collecting an
+    old engine from inside the captured forward). So capture runs with the collector off,
+    and garbage made meanwhile waits for the collector's next run."""
+    old = torch_engine(device="cuda", batch_sizes=(1, 4), compile=False)
+    old.run(frames([old.prepare(portrait(256))], 4))
+    holder = [weakref.ref(old)]
+    engine = torch_engine(device="cuda", precision="amp", batch_sizes=(1, 4, 16),
+                          compile=False)
+    slot = engine.prepare(portrait(512))
+    forward = engine.model.forward
+    collector_on: list[bool] = []
+
+    def forward_while_capturing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal old
+        if torch.cuda.is_current_stream_capturing():
+            collector_on.append(gc.isenabled())
+            old = None  # garbage now: only the collector can free it
+        return forward(*args, **kwargs)
+
+    engine.model.forward = forward_while_capturing  # type: ignore[method-assign]
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1)  # would collect at almost every allocation
+    try:
+        out = engine.run(frames([slot], 16))
+    finally:
+        gc.set_threshold(*thresholds)
+    assert collector_on and not any(collector_on)  # every capture ran with it off
+    assert gc.isenabled() and np.isfinite(out.coefficients).all()
+    gc.collect()
+    assert holder[0]() is None  # and the old engine went at the next collection

@@ -40,10 +40,12 @@ in FP32 without graphs or streams.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,6 +96,26 @@ class _Bank:
 class _Slot:
     size: int
     row: int
+
+
+@contextlib.contextmanager
+def _collector_held_off() -> Iterator[None]:
+    """Collect garbage now, then keep Python's cyclic collector off while graphs capture.
+
+    A collection during capture runs finalizers on the capturing thread: freeing another
+    engine's pinned buffers, events or graphs there makes CUDA calls that capture forbids,
+    and the capture fails with cudaErrorStreamCaptureInvalidated. Engines (and much else
+    that holds CUDA memory) are freed by that collector, at whatever allocation it picks;
+    PyTorch no longer collects before a capture by default.
+    """
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class TorchCudaEngine:
@@ -321,7 +343,7 @@ class TorchCudaEngine:
             return
         pool = torch.cuda.graph_pool_handle()
         graphs: dict[int, _Graph] = {}
-        with torch.no_grad(), torch.cuda.device(self.device):
+        with torch.no_grad(), torch.cuda.device(self.device), _collector_held_off():
             for rows in sorted(self.batch_sizes, reverse=True):  # largest first: pool reuse
                 static_in = torch.zeros((rows, self._row_len), dtype=torch.float32,
                                         device=self.device)
