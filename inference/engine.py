@@ -57,6 +57,7 @@ GEOMETRY_NAMES: tuple[str, ...] = (
     "forehead_y",  # top of the face outline (10)
 )
 
+
 @dataclass(frozen=True)
 class Knob:
     """A per-session control the model takes as an input, defined once: the API validates
@@ -183,7 +184,7 @@ class Manifest(FrameTiming):
             coefficient_names=tuple(raw["coefficient_names"]),
             geometry_names=tuple(raw.get("geometry_names", GEOMETRY_NAMES)),
             knob_names=knob_names,
-            portrait_sizes=tuple(int(s) for s in raw.get("portrait_sizes", (256, 512))),
+            portrait_sizes=tuple(int(s) for s in raw.get("portrait_sizes", cls.portrait_sizes)),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

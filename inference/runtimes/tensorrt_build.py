@@ -311,7 +311,8 @@ def build_engines(manifest_path: Path, *, precision: str, sizes: Sequence[int],
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build TensorRT engines ahead of serving.")
+    parser = argparse.ArgumentParser(prog="python -m inference.runtimes.tensorrt_build",
+                                     description="Build TensorRT engines ahead of serving.")
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or find cached) engines")
     cal = sub.add_parser("calibrate", help="write the INT8 Q/DQ ONNX (no TensorRT needed)")
