@@ -3,14 +3,15 @@
 Decisions and execution are kept apart: ``plan_batch`` and ``dispatch_delay`` are pure
 policies (earliest deadline first, drop what cannot be on time, wait a little for a
 batch to fill), and ``Scheduler`` only applies them and runs the engine on one worker
-thread, off the event loop. A dropped request is answered with ``None`` so the session
-repeats its previous frame instead of falling behind.
+thread, off the event loop, timing each batch there. A dropped request is answered with
+``None`` so the session repeats its previous frame instead of falling behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inference.engine import Engine, FrameInput
+from inference.engine import BatchOutput, Engine, FrameInput
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,9 @@ class RuntimeEstimate:
 
 
 PROBE_AFTER_S = 1.0
+#: The next batch is handed to the engine's thread this long before the engine is expected
+#: to free, so the event loop's own delays do not leave the engine idle.
+DISPATCH_LEAD_S = 0.003
 
 
 def plan_batch(pending: list[FrameRequest], now: float, max_batch: int,
@@ -144,26 +148,57 @@ def dispatch_delay(pending: list[FrameRequest], now: float, max_batch: int, max_
     return max(0.0, min(oldest + max_wait - now, slack))
 
 
+def timed_run(engine: Engine, batch: list[FrameInput]) -> tuple[BatchOutput, float]:
+    """Run a batch and time it where it runs (the engine's thread): seconds measured on the
+    event loop would add the loop's own delay in resuming, and a busy loop would then make
+    the engine look slow, shrink every batch and drop frames that were never late."""
+    start = time.perf_counter()
+    output = engine.run(batch)
+    return output, time.perf_counter() - start
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A batch handed to the engine thread, and how long it is expected to take."""
+
+    requests: list[FrameRequest]
+    expected: float
+
+
 class Scheduler:
-    """Collects ``FrameRequest``s from all sessions and runs them on one engine."""
+    """Collects ``FrameRequest``s from all sessions and runs them on one engine.
+
+    Up to ``max_in_flight`` batches are handed to the engine's thread at once, so the next
+    batch is waiting when the engine frees: the engine never idles while the event loop
+    gets round to it. The next batch is formed ``DISPATCH_LEAD_S`` before the engine is
+    expected to free, from everything pending by then, and planned as if it starts then.
+    """
 
     def __init__(self, engine: Engine, *, max_batch: int, max_wait_ms: float,
-                 max_pending: int = 256,
+                 max_pending: int = 256, max_in_flight: int = 2,
                  on_batch: Callable[[int, float], None] | None = None,
                  on_drop: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
         self.max_pending = max_pending
+        self.max_in_flight = max_in_flight
         self.estimate = RuntimeEstimate()
         self._on_batch = on_batch or (lambda size, seconds: None)
         self._on_drop = on_drop or (lambda reason: None)
         self._pending: list[FrameRequest] = []
+        self._in_flight: deque[_Flight] = deque()
+        self._free_at = float("-inf")  # loop time the engine is expected to be free
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._task: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
         self.exited = asyncio.Event()
+
+    @property
+    def in_flight(self) -> int:
+        """Batches handed to the engine's thread and not yet finished."""
+        return len(self._in_flight)
 
     async def start(self) -> None:
         if self._task is None:
@@ -171,24 +206,28 @@ class Scheduler:
             await self.started.wait()
 
     async def stop(self) -> None:
+        """Stop dispatching; answer every request still waiting with None (idempotent)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         for request in self._pending:
-            if not request.future.done():
-                request.future.set_result(None)
+            self._finish_dropped(request, "stopped")
         self._pending.clear()
-        self._executor.shutdown(wait=True)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self._executor.shutdown(wait=True))
+        for flight in list(self._in_flight):
+            for request in flight.requests:
+                self._finish_dropped(request, "stopped")
+        self._in_flight.clear()
 
     async def warm_up(self, batch: list[FrameInput]) -> None:
         """Run a batch shape once untimed (first runs allocate), then once into the estimate."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.engine.run, batch)
-        start = loop.time()
-        await loop.run_in_executor(self._executor, self.engine.run, batch)
-        self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch),
-                             loop.time() - start, at=loop.time())
+        _, seconds = await loop.run_in_executor(self._executor, timed_run, self.engine, batch)
+        self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch), seconds,
+                             at=loop.time())
 
     def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
         loop = asyncio.get_running_loop()
@@ -211,49 +250,71 @@ class Scheduler:
             request.future.set_result(None)
             self._on_drop(reason)
 
+    async def _sleep(self, seconds: float | None) -> None:
+        """Until ``seconds`` pass, or sooner if a request or a finished batch comes in."""
+        self._wakeup.clear()
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), seconds)
+        except TimeoutError:
+            pass
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         self.started.set()
         try:
             while True:
-                if not self._pending:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                now = loop.time()
+                if not self._pending or len(self._in_flight) >= self.max_in_flight:
+                    await self._sleep(None)
                     continue
-                delay = dispatch_delay(self._pending, loop.time(), self.max_batch,
-                                       self.max_wait, self.estimate)
+                start = max(now, self._free_at)  # when a batch handed over now would start
+                if start - now > DISPATCH_LEAD_S:
+                    await self._sleep(start - now - DISPATCH_LEAD_S)
+                    continue
+                delay = dispatch_delay(self._pending, start, self.max_batch, self.max_wait,
+                                       self.estimate)
                 if delay > 0:
-                    self._wakeup.clear()
-                    try:
-                        await asyncio.wait_for(self._wakeup.wait(), delay)
-                    except TimeoutError:
-                        pass
+                    await self._sleep(start + delay - now)
                     continue
-                plan = plan_batch(self._pending, loop.time(), self.max_batch, self.estimate)
+                plan = plan_batch(self._pending, start, self.max_batch, self.estimate)
                 taken = {id(r) for r in plan.drop} | {id(r) for r in plan.run}
                 self._pending = [r for r in self._pending if id(r) not in taken]
                 for request in plan.drop:
                     self._finish_dropped(request, "late")
                 if plan.run:
-                    await self._execute(plan.run)
+                    self._dispatch(plan.run, start)
         finally:
             self.exited.set()
 
-    async def _execute(self, batch: list[FrameRequest]) -> None:
+    def _dispatch(self, requests: list[FrameRequest], start: float) -> None:
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            output = await loop.run_in_executor(
-                self._executor, self.engine.run, [r.input for r in batch])
-        except Exception:
-            log.exception("engine failed on a batch of %d; dropping it", len(batch))
-            for request in batch:
+        flight = _Flight(requests, self.estimate.seconds(requests[0].size, len(requests)))
+        self._in_flight.append(flight)
+        self._free_at = start + flight.expected
+        future = loop.run_in_executor(self._executor, timed_run, self.engine,
+                                      [r.input for r in requests])
+        future.add_done_callback(lambda done: self._finished(flight, done))
+
+    def _finished(self, flight: _Flight, done: asyncio.Future[tuple[BatchOutput, float]]
+                  ) -> None:
+        if flight not in self._in_flight:
+            return  # stopped meanwhile: its requests were answered then
+        self._in_flight.remove(flight)
+        now = asyncio.get_running_loop().time()
+        # The next batch in the thread starts now: re-anchor the expected free time.
+        self._free_at = now + sum(f.expected for f in self._in_flight)
+        self._wakeup.set()
+        requests = flight.requests
+        if done.cancelled() or done.exception() is not None:
+            log.error("engine failed on a batch of %d; dropping it", len(requests),
+                      exc_info=None if done.cancelled() else done.exception())
+            for request in requests:
                 self._finish_dropped(request, "error")
             return
-        seconds = loop.time() - start
-        self.estimate.update(batch[0].size, len(batch), seconds, at=loop.time())
-        self._on_batch(len(batch), seconds)
-        for i, request in enumerate(batch):
+        output, seconds = done.result()
+        self.estimate.update(requests[0].size, len(requests), seconds, at=now)
+        self._on_batch(len(requests), seconds)
+        for i, request in enumerate(requests):
             if not request.future.done():
                 request.future.set_result(
                     FrameResult(output.frames[i], output.coefficients[i]))
