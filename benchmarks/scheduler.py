@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import functools
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -94,6 +95,7 @@ async def _run(args: argparse.Namespace, engine, slot: int, sessions: int, load:
     total = sum(outcomes.values())
     sizes = [n for n, _ in batches]
     return {"sessions": sessions, "loop_load": load, "in_flight": in_flight,
+            "batch1_ms": 1000 * scheduler.estimate.seconds(args.size, 1),
             "on_time_%": 100 * outcomes["on_time"] / max(total, 1),
             "dropped_%": 100 * outcomes["dropped"] / max(total, 1),
             "late_%": 100 * outcomes["late"] / max(total, 1),
@@ -113,6 +115,9 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--data", type=Path, help="precomputed windows and portraits")
+    parser.add_argument("--switch-interval-ms", type=float, nargs="+",
+                        default=[1000 * sys.getswitchinterval()],
+                        help="the GIL's switch interval (sys.setswitchinterval)")
     args = parser.parse_args()
     engine = create_engine(args.runtime, MANIFEST)
     slot = engine.prepare(_portrait(args.size, args.data))
@@ -126,14 +131,19 @@ def main() -> None:
         windows = np.stack([mel[i:i + 16] for i in range(0, len(mel) - 16, 4)])
     print(f"runtime {args.runtime}, {args.size}x{args.size}, max batch {args.max_batch}, "
           f"{args.seconds:g} s each, deadline {1000 * DEADLINE_S:.0f} ms after submit")
-    print("sessions loop_load in_flight  on_time%  dropped%  late%  batch_med  engine_busy%")
-    for sessions in args.sessions:
-        for load in args.loop_load:
-            for in_flight in args.in_flight:
-                r = asyncio.run(_run(args, engine, slot, sessions, load, in_flight, windows))
-                print(f"{r['sessions']:8d} {r['loop_load']:9.2f} {r['in_flight']:9d} "
-                      f"{r['on_time_%']:9.1f} {r['dropped_%']:9.1f} {r['late_%']:6.1f} "
-                      f"{r['batch_median']:10.0f} {r['engine_busy_%']:13.1f}", flush=True)
+    print("switch_ms sessions loop_load in_flight  on_time%  dropped%  late%  batch_med  "
+          "engine_busy%  batch1_ms")
+    for switch_ms in args.switch_interval_ms:
+        sys.setswitchinterval(switch_ms / 1000)
+        for sessions in args.sessions:
+            for load in args.loop_load:
+                for in_flight in args.in_flight:
+                    r = asyncio.run(_run(args, engine, slot, sessions, load, in_flight,
+                                         windows))
+                    print(f"{switch_ms:9.2f} {r['sessions']:8d} {r['loop_load']:9.2f} "
+                          f"{r['in_flight']:9d} {r['on_time_%']:9.1f} {r['dropped_%']:9.1f} "
+                          f"{r['late_%']:6.1f} {r['batch_median']:10.0f} "
+                          f"{r['engine_busy_%']:13.1f} {r['batch1_ms']:10.2f}", flush=True)
 
 
 if __name__ == "__main__":

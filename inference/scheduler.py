@@ -10,10 +10,13 @@ thread, off the event loop, timing each batch there. A dropped request is answer
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
+import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -37,6 +40,86 @@ class FrameRequest:
     deadline: float  # loop time by which the frame must be ready
     submitted: float
     future: asyncio.Future[FrameResult | None] = field(repr=False)
+    queued: bool = field(default=True, repr=False)  # still waiting in a PendingQueue
+
+
+class PendingQueue:
+    """The requests waiting for the engine, indexed for what the scheduler asks many times
+    a second with thousands waiting: the most urgent of each frame size (a heap by
+    deadline), how many of a size wait, and which came first. Each is O(log n), not a scan.
+
+    Taking a request out marks it; the heaps and the arrival order skip marked ones lazily.
+    """
+
+    def __init__(self, requests: Iterable[FrameRequest] = ()) -> None:
+        self._heaps: dict[int, list[tuple[float, int, FrameRequest]]] = {}
+        self._arrivals: deque[FrameRequest] = deque()
+        self._counts: dict[int, int] = {}
+        self._seq = itertools.count()
+        for request in requests:
+            self.push(request)
+
+    def __len__(self) -> int:
+        return sum(self._counts.values())
+
+    def push(self, request: FrameRequest) -> None:
+        request.queued = True
+        heapq.heappush(self._heaps.setdefault(request.size, []),
+                       (request.deadline, next(self._seq), request))
+        self._arrivals.append(request)
+        self._counts[request.size] = self._counts.get(request.size, 0) + 1
+
+    def count(self, size: int) -> int:
+        return self._counts.get(size, 0)
+
+    def _top(self, size: int) -> FrameRequest | None:
+        heap = self._heaps.get(size, [])
+        while heap and not heap[0][2].queued:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def sizes(self) -> list[int]:
+        return [size for size, n in self._counts.items() if n]
+
+    def urgent(self, size: int | None = None) -> FrameRequest | None:
+        """The request with the earliest deadline (of one frame size, if given)."""
+        tops = [self._top(s) for s in ([size] if size is not None else self.sizes())]
+        return min((t for t in tops if t is not None), key=lambda r: r.deadline, default=None)
+
+    def oldest(self) -> FrameRequest | None:
+        """The request waiting longest."""
+        while self._arrivals and not self._arrivals[0].queued:
+            self._arrivals.popleft()
+        return self._arrivals[0] if self._arrivals else None
+
+    def take(self, request: FrameRequest) -> FrameRequest:
+        """Take a waiting request out, wherever it is (its heap entry goes lazily)."""
+        request.queued = False
+        self._counts[request.size] -= 1
+        return request
+
+    def pop_urgent(self, size: int) -> FrameRequest | None:
+        top = self._top(size)
+        if top is None:
+            return None
+        heapq.heappop(self._heaps[size])
+        return self.take(top)
+
+    def put_back(self, request: FrameRequest) -> None:
+        """Return a request ``pop_urgent`` took while planning this batch: it goes back in
+        deadline order, and it never left the arrival order."""
+        request.queued = True
+        heapq.heappush(self._heaps[request.size], (request.deadline, next(self._seq), request))
+        self._counts[request.size] += 1
+
+    def drain(self) -> list[FrameRequest]:
+        """Everything still waiting, taken out."""
+        waiting = [r for heap in self._heaps.values() for _, _, r in heap if r.queued]
+        for request in waiting:
+            self.take(request)
+        self._heaps.clear()
+        self._arrivals.clear()
+        return waiting
 
 
 @dataclass(frozen=True)
@@ -52,11 +135,14 @@ class RuntimeEstimate:
 
     def __init__(self, keep: int = 9) -> None:
         self._runs: dict[tuple[int, int], deque[float]] = {}
+        self._medians: dict[tuple[int, int], float] = {}  # asked for far more than updated
         self._keep = keep
         self._last_update: dict[int, float] = {}
 
     def update(self, frame_size: int, batch: int, seconds: float, at: float = 0.0) -> None:
-        self._runs.setdefault((frame_size, batch), deque(maxlen=self._keep)).append(seconds)
+        runs = self._runs.setdefault((frame_size, batch), deque(maxlen=self._keep))
+        runs.append(seconds)
+        self._medians[(frame_size, batch)] = float(np.median(runs))
         self._last_update[frame_size] = at
 
     def last_update(self, frame_size: int) -> float:
@@ -64,7 +150,7 @@ class RuntimeEstimate:
         return self._last_update.get(frame_size, float("-inf"))
 
     def _median(self, key: tuple[int, int]) -> float:
-        return float(np.median(self._runs[key]))
+        return self._medians[key]
 
     def seconds(self, frame_size: int, batch: int) -> float:
         """Estimate for a batch; scales the closest known batch linearly, 0 if none known."""
@@ -91,45 +177,102 @@ PROBE_AFTER_S = 1.0
 DISPATCH_LEAD_S = 0.003
 
 
-def plan_batch(pending: list[FrameRequest], now: float, max_batch: int,
+def plan_batch(pending: PendingQueue, now: float, max_batch: int,
                estimate: RuntimeEstimate) -> BatchPlan:
-    """Earliest deadline first; the batch takes the most urgent request's frame size.
+    """Earliest deadline first; the batch takes the most urgent request's frame size. The
+    plan's requests leave ``pending``; the rest stay.
 
     A request that would miss its deadline even if run alone now, at the fastest speed seen
     recently, is dropped: only surely lost work is shed. But when a frame size has not run
     for ``PROBE_AFTER_S`` (the estimate may be stale, say from a busy start-up), its most
-    urgent unexpired request runs anyway as a probe, so the estimate can recover.
+    urgent unexpired request runs anyway as a probe, so the estimate can recover. As the
+    heaps keep deadline order, the lost requests of a size are the ones at its top.
     """
-    probes = set()
-    for size in {r.size for r in pending}:
-        if now - estimate.last_update(size) > PROBE_AFTER_S:
-            fresh = [r for r in pending if r.size == size and not r.future.done()
-                     and r.deadline > now]
-            if fresh:
-                probes.add(id(min(fresh, key=lambda r: r.deadline)))
-    drop, live = [], []
-    for r in pending:
-        lost = r.future.done() or (
-            id(r) not in probes and now + estimate.fastest(r.size, 1) > r.deadline)
-        (drop if lost else live).append(r)
-    if not live:
+    drop: list[FrameRequest] = []
+    probes: dict[int, FrameRequest] = {}
+    for size in pending.sizes():
+        probing = now - estimate.last_update(size) > PROBE_AFTER_S
+        surely_lost_before = now + estimate.fastest(size, 1)
+        while (top := pending.urgent(size)) is not None:
+            if probing and size not in probes and top.deadline > now \
+                    and not top.future.done():
+                probes[size] = top
+            elif not (top.future.done() or top.deadline < surely_lost_before):
+                break
+            else:
+                drop.append(top)
+            pending.pop_urgent(size)
+    first = min([r for r in (pending.urgent(), *probes.values()) if r is not None],
+                key=lambda r: r.deadline, default=None)
+    if first is None:
         return BatchPlan(run=[], drop=drop)
-    live.sort(key=lambda r: r.deadline)
-    size = live[0].size
-    run = [r for r in live if r.size == size][:max_batch]
-    # Shrink the batch rather than make its most urgent member late: the largest batch
-    # that still finishes by that deadline (estimates grow with the batch).
-    lo, hi = 1, len(run)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if now + estimate.seconds(size, mid) <= run[0].deadline:
-            lo = mid
+    size = first.size
+    for other, probe in probes.items():  # a probe of another size waits for its own turn
+        if other != size:
+            pending.put_back(probe)
+    probe = probes.get(size)
+    # Enough candidates, in deadline order, to weigh this batch against the next one.
+    horizon = now + 2 * estimate.seconds(size, max_batch)
+    candidates = [probe] if probe is not None else []
+    while (top := pending.urgent(size)) is not None and (
+            len(candidates) < 2 * max_batch or top.deadline < horizon):
+        pending.pop_urgent(size)
+        (drop if top.future.done() else candidates).append(top)
+    deadlines = [r.deadline for r in candidates]
+    skip, take = choose_batch(deadlines, now, max_batch, lambda b: estimate.seconds(size, b),
+                              keep_first=probe is not None)
+    drop += candidates[:skip]
+    for request in candidates[skip + take:]:
+        pending.put_back(request)
+    return BatchPlan(run=candidates[skip:skip + take], drop=drop)
+
+
+def choose_batch(deadlines: Sequence[float], now: float, max_batch: int,
+                 seconds: Callable[[int], float], keep_first: bool = False) -> tuple[int, int]:
+    """Of requests sorted by deadline: skip (drop) the first ``skip``, run the next ``take``.
+
+    Normally the batch shrinks rather than make its most urgent member late: the largest
+    batch that still finishes by that deadline. But under overload, always serving the
+    nearly late first in tiny batches is the domino effect of earliest-deadline-first:
+    throughput falls and everything behind turns late too. So the shrunk batch is weighed,
+    together with the batch that would follow it, against the one batch that puts the
+    most frames on time now, dropping what that batch cannot save; the shrink wins ties.
+    ``keep_first`` (a probe of a stale estimate) always runs the first request.
+    """
+    n = len(deadlines)
+    if n == 0:
+        return 0, 0
+    sizes = sorted({min(max_batch, 2 ** k) for k in range(max_batch.bit_length() + 1)})
+
+    def most_on_time(first: int, start: float) -> tuple[int, int, int]:
+        """(frames on time, skip, take) of the best single batch from ``first`` on."""
+        best = (0, 0, 0)
+        for b in sizes:
+            if b > n - first and best[0]:
+                break
+            lost = bisect.bisect_left(deadlines, start + seconds(b), first) - first
+            take = min(b, n - first - lost)
+            if take > best[0]:
+                best = (take, lost, take)
+        return best
+
+    # Shrink (estimates grow with the batch); at least one: a request that is not surely
+    # lost may still make it, and running it keeps the estimate fresh.
+    shrunk, hi = 1, min(max_batch, n)
+    while shrunk < hi:
+        mid = (shrunk + hi + 1) // 2
+        if now + seconds(mid) <= deadlines[0]:
+            shrunk = mid
         else:
             hi = mid - 1
-    return BatchPlan(run=run[:lo], drop=drop)
+    if keep_first:
+        return 0, shrunk
+    after, _, _ = most_on_time(shrunk, now + seconds(shrunk))
+    on_time, skip, take = most_on_time(0, now)
+    return (0, shrunk) if shrunk + after >= on_time else (skip, take)
 
 
-def dispatch_delay(pending: list[FrameRequest], now: float, max_batch: int, max_wait: float,
+def dispatch_delay(pending: PendingQueue, now: float, max_batch: int, max_wait: float,
                    estimate: RuntimeEstimate) -> float:
     """Seconds to keep collecting before running; 0 means run now.
 
@@ -137,15 +280,14 @@ def dispatch_delay(pending: list[FrameRequest], now: float, max_batch: int, max_
     longer than ``max_wait`` after the oldest request and never past the point where the
     most urgent request would miss its deadline.
     """
-    if not pending:
+    urgent, oldest = pending.urgent(), pending.oldest()
+    if urgent is None or oldest is None:
         return max_wait
-    urgent = min(pending, key=lambda r: r.deadline)
-    same_size = sum(1 for r in pending if r.size == urgent.size)
+    same_size = pending.count(urgent.size)
     if same_size >= max_batch:
         return 0.0
-    oldest = min(r.submitted for r in pending)
     slack = urgent.deadline - now - estimate.seconds(urgent.size, same_size + 1)
-    return max(0.0, min(oldest + max_wait - now, slack))
+    return max(0.0, min(oldest.submitted + max_wait - now, slack))
 
 
 def timed_run(engine: Engine, batch: list[FrameInput]) -> tuple[BatchOutput, float]:
@@ -186,7 +328,7 @@ class Scheduler:
         self.estimate = RuntimeEstimate()
         self._on_batch = on_batch or (lambda size, seconds: None)
         self._on_drop = on_drop or (lambda reason: None)
-        self._pending: list[FrameRequest] = []
+        self._pending = PendingQueue()
         self._in_flight: deque[_Flight] = deque()
         self._free_at = float("-inf")  # loop time the engine is expected to be free
         self._wakeup = asyncio.Event()
@@ -211,9 +353,8 @@ class Scheduler:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for request in self._pending:
+        for request in self._pending.drain():
             self._finish_dropped(request, "stopped")
-        self._pending.clear()
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: self._executor.shutdown(wait=True))
         for flight in list(self._in_flight):
@@ -233,11 +374,11 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[FrameResult | None] = loop.create_future()
         if len(self._pending) >= self.max_pending:
-            oldest = min(self._pending, key=lambda r: r.submitted)
-            self._pending.remove(oldest)
-            self._finish_dropped(oldest, "overflow")
+            oldest = self._pending.oldest()
+            if oldest is not None:
+                self._finish_dropped(self._pending.take(oldest), "overflow")
         size = self.engine.frame_size(frame.slot)
-        self._pending.append(FrameRequest(frame, size, deadline, loop.time(), future))
+        self._pending.push(FrameRequest(frame, size, deadline, loop.time(), future))
         self._wakeup.set()
         return future
 
@@ -264,7 +405,7 @@ class Scheduler:
         try:
             while True:
                 now = loop.time()
-                if not self._pending or len(self._in_flight) >= self.max_in_flight:
+                if not len(self._pending) or len(self._in_flight) >= self.max_in_flight:
                     await self._sleep(None)
                     continue
                 start = max(now, self._free_at)  # when a batch handed over now would start
@@ -277,8 +418,6 @@ class Scheduler:
                     await self._sleep(start + delay - now)
                     continue
                 plan = plan_batch(self._pending, start, self.max_batch, self.estimate)
-                taken = {id(r) for r in plan.drop} | {id(r) for r in plan.run}
-                self._pending = [r for r in self._pending if id(r) not in taken]
                 for request in plan.drop:
                     self._finish_dropped(request, "late")
                 if plan.run:
