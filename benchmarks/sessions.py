@@ -33,9 +33,18 @@ from server.peer import pin_host_addresses
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """CPU time of the server and its live child processes (the engine process)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    total = 0.0
+    for process in (pid, *map(int, children)):
+        fields = _stat(process)
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
 
 
 def _get(url: str) -> Any:
@@ -55,9 +64,9 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
 
     async def monitor() -> tuple[float, float]:
         await asyncio.sleep(3.0)  # connected and steady
-        t0, c0 = time.monotonic(), _cpu_seconds(pid)
+        t0, c0 = time.monotonic(), await asyncio.to_thread(_cpu_seconds, pid)
         await asyncio.sleep(seconds - 4.0)
-        t1, c1 = time.monotonic(), _cpu_seconds(pid)
+        t1, c1 = time.monotonic(), await asyncio.to_thread(_cpu_seconds, pid)
         snapshot.extend(await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"]))
         return t1 - t0, c1 - c0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -10,9 +11,10 @@ import numpy as np
 from aiohttp import web
 
 from inference.engine import FrameInput, Manifest
+from inference.engine_process import EngineProcess
 from inference.features import log_mel
 from inference.runtimes import VERIFIED, create_engine, resolve_runtime
-from inference.scheduler import Scheduler
+from inference.service import Inference, InlineInference
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
 from server.metrics import Metrics
@@ -23,7 +25,6 @@ from server.state import ServerState, state_key
 
 log = logging.getLogger(__name__)
 STATIC_DIR = REPO_ROOT / "static"
-CPU_MAX_BATCH = 8  # on the CPU a batch costs its frames' sum: larger ones only add latency
 
 
 def _warm_features(manifest: Manifest) -> None:
@@ -46,10 +47,19 @@ async def _warm_up(state: ServerState) -> None:
         try:
             frame = FrameInput.for_frame(handle.slot, 0, manifest.fps, silence,
                                          manifest.knob_vector({}), 0.0)
-            for batch in sorted({1, 2, state.scheduler.max_batch}):
-                await state.scheduler.warm_up([frame] * batch)
+            for batch in sorted({1, 2, state.inference.max_batch}):
+                await state.inference.warm_up([frame] * batch)
         finally:
             state.avatars.release(handle)
+
+
+def _freeze_startup_objects() -> None:
+    """Keep what start-up made (about 290,000 objects: librosa, numba, aiortc, the model's
+    tables) out of every later garbage collection. A full collection over them stopped the
+    event loop for 140-165 ms, so a session connecting then took in a burst of audio that
+    stayed in its buffer as extra delay (measured: 130 -> 290 ms pipeline delay)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _check_model(settings: Settings, manifest: Manifest) -> None:
@@ -69,6 +79,26 @@ def _check_model(settings: Settings, manifest: Manifest) -> None:
             f"starts; give at least {needed_ms + 10:.0f} ms")
 
 
+async def _start_inference(settings: Settings, runtime: str, metrics: Metrics) -> Inference:
+    """The shared scheduler and the engine: in a process of their own (the default), or on
+    a thread of this one (``engine.own_process = false``)."""
+    opts = {"intra_op_threads": settings.engine.intra_op_threads} \
+        if runtime == "onnxruntime" else {}
+    common = dict(max_batch=settings.scheduler.max_batch,
+                  max_wait_ms=settings.scheduler.max_wait_ms,
+                  max_pending=4 * settings.session.max_sessions + 8,
+                  on_batch=metrics.on_batch, on_drop=metrics.on_drop)
+    inference: Inference
+    if settings.engine.own_process:
+        inference = EngineProcess(runtime, settings.manifest_path, engine_opts=opts,
+                                  max_side=max(settings.video.allowed_sizes), **common)
+    else:
+        engine = await asyncio.to_thread(create_engine, runtime, settings.manifest_path, **opts)
+        inference = InlineInference(engine, **common)
+    await inference.start()
+    return inference
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.http.max_body_bytes,
                           middlewares=[json_errors])
@@ -80,33 +110,27 @@ def create_app(settings: Settings) -> web.Application:
         runtime = resolve_runtime(settings.engine.runtime)
         log.info("loading %s on %s%s", settings.manifest_path.name, runtime,
                  "" if runtime in VERIFIED else " (UNVERIFIED runtime)")
-        opts = {"intra_op_threads": settings.engine.intra_op_threads} \
-            if runtime == "onnxruntime" else {}
-        engine = await asyncio.to_thread(create_engine, runtime, settings.manifest_path, **opts)
-        manifest = engine.manifest
+        manifest = Manifest.load(settings.manifest_path)
         _check_model(settings, manifest)
         metrics = Metrics()
-        profiles = tuple(getattr(engine, "batch_sizes", ()) or ())
-        max_batch = settings.scheduler.max_batch or max(profiles, default=CPU_MAX_BATCH)
-        scheduler = Scheduler(engine, max_batch=max_batch,
-                              max_wait_ms=settings.scheduler.max_wait_ms,
-                              max_pending=4 * settings.session.max_sessions + 8,
-                              on_batch=metrics.on_batch, on_drop=metrics.on_drop)
-        avatars = AvatarStore(engine, settings.avatar, settings.video.size)
-        sessions = SessionManager(settings, manifest, scheduler, avatars, metrics)
-        state = ServerState(settings, runtime, manifest, engine, scheduler, avatars, sessions,
-                            metrics, STATIC_DIR)
+        inference = await _start_inference(settings, runtime, metrics)
+        avatars = AvatarStore(inference, settings.avatar, settings.video.size)
+        sessions = SessionManager(settings, manifest, inference, avatars, metrics)
+        state = ServerState(settings, runtime, manifest, inference, avatars, sessions, metrics,
+                            STATIC_DIR)
         app[state_key] = state
-        await scheduler.start()
-        log.info("warming the audio features (librosa)")
-        await asyncio.to_thread(_warm_features, manifest)
-        await _warm_up(state)  # after librosa, so the engine timings are not contended
-        log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
-                 runtime, scheduler.capacity_fps(settings.video.size),
-                 settings.video.size, settings.video.size)
-        yield
-        await sessions.close_all()
-        await scheduler.stop()
+        try:
+            log.info("warming the audio features (librosa)")
+            await asyncio.to_thread(_warm_features, manifest)
+            await _warm_up(state)  # after librosa, so the engine timings are not contended
+            _freeze_startup_objects()
+            log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
+                     runtime, inference.capacity_fps(settings.video.size),
+                     settings.video.size, settings.video.size)
+            yield
+            await sessions.close_all()
+        finally:
+            await inference.stop()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from inference.engine import GEOMETRY_NAMES, Engine, PreparedPortrait
+from inference.engine import GEOMETRY_NAMES, PreparedPortrait
 from inference.images import decode_image, load_default_avatar
 from inference.portrait import prepare_portrait
+from inference.service import Inference
 from server.config import AvatarSettings
 from server.session import AvatarHandle
 
@@ -50,8 +51,9 @@ class Avatar:
 
 
 class AvatarStore:
-    def __init__(self, engine: Engine, settings: AvatarSettings, default_size: int) -> None:
-        self._engine = engine
+    def __init__(self, inference: Inference, settings: AvatarSettings, default_size: int
+                 ) -> None:
+        self._inference = inference
         self._settings = settings
         self._default_size = default_size
         self._avatars: dict[str, Avatar] = {}
@@ -114,7 +116,7 @@ class AvatarStore:
             key = (avatar_id, size)
             slot, refs = self._slots.get(key, (-1, 0))
             if refs == 0:
-                slot = self._engine.prepare(portrait)
+                slot = await self._inference.prepare(portrait)
             self._slots[key] = (slot, refs + 1)
         return AvatarHandle(avatar_id, slot, size, portrait.image)
 
@@ -123,6 +125,6 @@ class AvatarStore:
         slot, refs = self._slots.get(key, (handle.slot, 1))
         if refs <= 1:
             self._slots.pop(key, None)
-            self._engine.release(slot)
+            self._inference.release(slot)
         else:
             self._slots[key] = (slot, refs - 1)

@@ -21,6 +21,8 @@ from inference.engine import KNOBS, KNOBS_BY_NAME
 from inference.runtimes import RUNTIMES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True,
+          "false": False, "no": False, "off": False, "0": False}
 WITHHELD = "(withheld)"
 
 
@@ -93,6 +95,9 @@ class EngineSettings:
     manifest: str = setting("engines/sonic-lite.json", "model manifest, relative to the "
                             "repository root unless absolute")
     intra_op_threads: int = setting(1, "ONNX Runtime threads per engine call", low=1)
+    own_process: bool = setting(True, "run the shared scheduler and the engine in a process "
+                                "of their own, fed through shared memory, so the engine never "
+                                "waits for the media side's GIL; false: a thread of this one")
 
 
 @dataclass
@@ -205,6 +210,12 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         (item,) = typing.get_args(annotation)
         return [_coerce(v, item, where) for v in value]
     try:
+        if annotation is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in _BOOLS:
+                return _BOOLS[value.lower()]
+            raise ValueError
         if annotation in (int, float, str):
             if isinstance(value, bool) and annotation is not str:
                 raise ValueError

@@ -26,7 +26,8 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manifest
 from inference.features import FrameWindows
-from inference.scheduler import FrameResult, Scheduler
+from inference.scheduler import FrameResult
+from inference.service import Inference
 from server.audio_ingest import AudioIngest, pump_track
 from server.config import SessionSettings
 from server.media_clock import AUDIO_RATE, MediaClock
@@ -82,7 +83,7 @@ def _percentile(values: deque[float], q: float) -> float | None:
 class Session:
     def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
                  settings: SessionSettings, fps: int, manifest: Manifest,
-                 scheduler: Scheduler, metrics: Metrics) -> None:
+                 inference: Inference, metrics: Metrics) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
         self.avatar = avatar
@@ -96,7 +97,7 @@ class Session:
                                 delay=settings.pipeline_delay_ms / 1000.0)
         self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
                                   settings.max_buffer_ms)
-        self._scheduler = scheduler
+        self._inference = inference
         self._metrics = metrics
         self._windows = FrameWindows(manifest)
         self._resampler = av.AudioResampler(format="s16", layout="mono",
@@ -226,7 +227,7 @@ class Session:
             request = FrameInput.for_frame(self.avatar.slot, i, self.clock.fps, mel,
                                            self.manifest.knob_vector(self.options.values),
                                            self._phase)
-            future = self._scheduler.submit(request, self.clock.video_send_time(i))
+            future = self._inference.submit(request, self.clock.video_send_time(i))
             future.add_done_callback(self._count_drop)
             self._frames[i] = future
             self._frames.pop(i - KEEP_FRAMES, None)

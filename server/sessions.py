@@ -10,7 +10,7 @@ from typing import Any
 from aiortc import RTCPeerConnection
 
 from inference.engine import Manifest
-from inference.scheduler import Scheduler
+from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
 from server.metrics import Metrics
@@ -24,11 +24,11 @@ class AtCapacity(RuntimeError):
 
 
 class SessionManager:
-    def __init__(self, settings: Settings, manifest: Manifest, scheduler: Scheduler,
+    def __init__(self, settings: Settings, manifest: Manifest, inference: Inference,
                  avatars: AvatarStore, metrics: Metrics) -> None:
         self.settings = settings
         self.manifest = manifest
-        self.scheduler = scheduler
+        self.inference = inference
         self.avatars = avatars
         self.metrics = metrics
         self._sessions: dict[str, Session] = {}
@@ -40,7 +40,7 @@ class SessionManager:
 
     def _frame_cost(self, size: int) -> float:
         """Share of the engine one session of this frame size takes, by measured capacity."""
-        capacity = self.scheduler.capacity_fps(size)
+        capacity = self.inference.capacity_fps(size)
         return self.settings.video.fps / capacity if capacity > 0 else 0.0
 
     def engine_load(self) -> float:
@@ -70,7 +70,7 @@ class SessionManager:
             self._reserved.remove(size)
         session = Session(uuid.uuid4().hex, handle, options,
                           settings=self.settings.session, fps=self.settings.video.fps,
-                          manifest=self.manifest, scheduler=self.scheduler,
+                          manifest=self.manifest, inference=self.inference,
                           metrics=self.metrics)
         self._sessions[session.id] = session
         self._peers[session.id] = []

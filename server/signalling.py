@@ -96,10 +96,10 @@ async def healthz(request: web.Request) -> web.Response:
         # Whether this runtime's frames were ever checked against the reference on real
         # hardware (TensorRT has not been: see inference/runtimes/__init__.py).
         "runtime_verified": state.runtime in VERIFIED,
-        "capacity_fps": round(state.scheduler.capacity_fps(size), 1),
+        "capacity_fps": round(state.inference.capacity_fps(size), 1),
         # Sessions of the default size this engine holds at full frame rate, within the
         # admission limit: what a load balancer needs.
-        "session_capacity": int(state.scheduler.capacity_fps(size)
+        "session_capacity": int(state.inference.capacity_fps(size)
                                 * state.settings.session.max_engine_load
                                 // state.settings.video.fps),
         "engine_load": round(state.sessions.engine_load(), 3),
@@ -125,7 +125,7 @@ async def metrics(request: web.Request) -> web.Response:
         state.metrics.engine_load.set(state.sessions.engine_load())
         for size in state.settings.video.allowed_sizes:
             state.metrics.capacity_fps.labels(size=str(size)).set(
-                state.scheduler.capacity_fps(size))
+                state.inference.capacity_fps(size))
 
     body = state.metrics.render(refresh)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

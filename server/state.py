@@ -7,8 +7,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from inference.engine import Engine, Manifest
-from inference.scheduler import Scheduler
+from inference.engine import Manifest
+from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
 from server.metrics import Metrics
@@ -20,8 +20,7 @@ class ServerState:
     settings: Settings
     runtime: str  # the runtime engine.runtime resolved to ("auto" picks one)
     manifest: Manifest
-    engine: Engine
-    scheduler: Scheduler
+    inference: Inference  # the shared scheduler and the engine, here or in their process
     avatars: AvatarStore
     sessions: SessionManager
     metrics: Metrics
