@@ -20,6 +20,7 @@ import gc
 import itertools
 import logging
 import multiprocessing
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,6 +142,12 @@ class EngineProcess:
             await self.stop()
             raise
         layout = RingLayout(slots=self._max_pending + 2 * self.max_batch, **self._layout_args)
+        shm_dir = Path("/dev/shm")
+        if shm_dir.is_dir() and shutil.disk_usage(shm_dir).free < layout.nbytes:
+            await self.stop()
+            raise EngineProcessError(
+                f"/dev/shm has {shutil.disk_usage(shm_dir).free / 2**20:.0f} MB free and the "
+                f"frame ring needs {layout.nbytes / 2**20:.0f} MB (in a container: --shm-size)")
         self._shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
         self._views = layout.views(self._shm.buf)
         self._free = list(range(layout.slots))[::-1]

@@ -80,8 +80,8 @@ def _check_model(settings: Settings, manifest: Manifest) -> None:
 
 
 async def _start_inference(settings: Settings, runtime: str, metrics: Metrics) -> Inference:
-    """The shared scheduler and the engine: in a process of their own (the default), or on
-    a thread of this one (``engine.own_process = false``)."""
+    """The shared scheduler and the engine: on a thread of this process, or in a process of
+    their own (``engine.own_process``)."""
     opts = {"intra_op_threads": settings.engine.intra_op_threads} \
         if runtime == "onnxruntime" else {}
     common = dict(max_batch=settings.scheduler.max_batch,

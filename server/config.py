@@ -95,9 +95,10 @@ class EngineSettings:
     manifest: str = setting("engines/sonic-lite.json", "model manifest, relative to the "
                             "repository root unless absolute")
     intra_op_threads: int = setting(1, "ONNX Runtime threads per engine call", low=1)
-    own_process: bool = setting(True, "run the shared scheduler and the engine in a process "
+    own_process: bool = setting(False, "run the shared scheduler and the engine in a process "
                                 "of their own, fed through shared memory, so the engine never "
-                                "waits for the media side's GIL; false: a thread of this one")
+                                "waits for the media side's GIL (not yet faster on a GPU: "
+                                "frames are copied twice; see BENCHMARKS.md)")
 
 
 @dataclass
