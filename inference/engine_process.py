@@ -172,18 +172,18 @@ class EngineProcess:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._fail_everything("engine process stopped")
+        self._fail_everything("engine process stopped", drop_reason="stopped")
         if self._shm is not None:
             self._views = []
             self._shm.close()
             self._shm.unlink()
             self._shm = None
 
-    def _fail_everything(self, reason: str) -> None:
+    def _fail_everything(self, reason: str, drop_reason: str = "error") -> None:
         for future in self._waiting.values():
             if not future.done():
                 future.set_result(None)
-                self._on_drop("error")
+                self._on_drop(drop_reason)
         self._waiting.clear()
         for call in self._calls.values():
             if not call.done():
@@ -370,9 +370,9 @@ async def _child(conn: Connection, runtime: str, manifest_path: str,
                 kind = message[0]
                 if kind == "submit":
                     _, index, slot, deadline = message
+                    # Views, not copies: the parent reuses a slot only once it is answered.
                     v = views[index]
-                    frame = FrameInput(slot, v["mel"].copy(), v["knobs"].copy(),
-                                       v["clock"].copy())
+                    frame = FrameInput(slot, v["mel"], v["knobs"], v["clock"])
                     inference.submit(frame, deadline).add_done_callback(
                         functools.partial(finished, index))
                 elif kind == "release":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import fractions
+import itertools
 import random
 import sys
 from collections.abc import Iterator, Mapping
@@ -59,10 +60,10 @@ def render_frames(engine: Engine, slot: int, samples: np.ndarray, *,
     phase = random.uniform(0, 1000) if phase is None else phase
     windows = FrameWindows(manifest)
     windows.push(samples)
-    inputs = [FrameInput.for_frame(slot, i, manifest.fps, mel, vector, phase)
-              for i, mel in (*windows.ready(), *windows.finish())]
-    for first in range(0, len(inputs), batch):
-        output = engine.run(inputs[first:first + batch])
+    inputs = (FrameInput.for_frame(slot, i, manifest.fps, mel, vector, phase)
+              for i, mel in itertools.chain(windows.ready(), windows.finish()))
+    while chunk := list(itertools.islice(inputs, batch)):  # a long clip never sits in memory
+        output = engine.run(chunk)
         yield output.frames, output.coefficients
 
 

@@ -112,8 +112,8 @@ async def config(request: web.Request) -> web.Response:
     """The settings in force (secrets withheld) and the session knobs with their ranges:
     what operators check after overriding, and what the page builds its controls from."""
     settings = _state(request).settings
-    knobs = [{**knob.describe(), "default": settings.session.knob_defaults()[knob.name]}
-             for knob in KNOBS]
+    defaults = settings.session.knob_defaults()
+    knobs = [{**knob.describe(), "default": defaults[knob.name]} for knob in KNOBS]
     return web.json_response({"settings": settings.effective(), "knobs": knobs})
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FrameInput, Manifest, PreparedPortrait
 from inference.face_geometry import portrait_geometry
-from inference.features import FrameWindows, StreamingLogMel
+from inference.features import StreamingLogMel
+from inference.render import render_frames
 from inference.runtimes import create_engine
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 from inference.tts import SpeechUnavailable, espeak
@@ -100,17 +101,10 @@ def render(
     phase: float = 0.0,
     batch: int = 8,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every video frame whose window the audio completes, cut as a live session cuts them."""
-    manifest = engine.manifest
-    windows = FrameWindows(manifest)
-    windows.push(samples)
-    inputs = [FrameInput.for_frame(slot, i, manifest.fps, mel, np.array(knobs, np.float32),
-                                   phase) for i, mel in windows.ready()]
-    outputs = [engine.run(inputs[k : k + batch]) for k in range(0, len(inputs), batch)]
-    return (
-        np.concatenate([o.frames for o in outputs]),
-        np.concatenate([o.coefficients for o in outputs]),
-    )
+    """A frame per 40 ms of ``samples``, cut as a live session cuts them (the offline render)."""
+    batches = list(render_frames(engine, slot, samples, batch=batch, phase=phase,
+                                 knobs=dict(zip(KNOB_NAMES, knobs, strict=True))))
+    return np.concatenate([f for f, _ in batches]), np.concatenate([c for _, c in batches])
 
 
 def region_diff(frames: np.ndarray, portrait: PreparedPortrait, part: str) -> np.ndarray:

@@ -64,8 +64,9 @@ def make_windows(clips: list[tuple[np.ndarray, Phones | None]]) -> Windows:
         mel, tg, lab = utterance_windows(audio, phones)
         n = tg.shape[0]
         mels.append(mel.astype(np.float16))
-        starts.append(offset + HISTORY + np.array([TIMING.window_start(i) for i in range(n)],
-                                                  np.int64))
+        # window_start is linear in the frame index: the first window plus a stride.
+        starts.append(offset + HISTORY + TIMING.window_start(0)
+                      + TIMING.mel_frames_per_video_frame * np.arange(n))
         targets.append(tg)
         labels.append(lab)
         utt.append(np.full(n, k))
