@@ -3,7 +3,7 @@
 Sessions submit one frame's inputs with a deadline and get the frame back (or ``None``:
 repeat the last one); avatars put portraits into the engine's slots. ``InlineInference``
 runs the shared scheduler and the engine in this process, on a thread;
-``inference.engine_process.EngineProcess`` runs them in a process of their own, fed
+``inference.inference_process`` runs them in a process of their own, fed
 through shared memory, so the engine's Python side never waits for the media side's GIL.
 """
 

@@ -1,18 +1,19 @@
-"""The scheduler and the real engine in a child process, fed through shared memory: the
-frames that come back are the engine's own, a bad call is a clear error, and a child that
-dies answers every waiting frame and leaks no shared memory."""
+"""The scheduler and the real engine in an inference process, fed through shared memory:
+the frames that come back are the engine's own, one batch spans several workers, a bad
+call is a clear error, a worker that leaves takes its portraits with it, and a process
+that dies answers every waiting frame and leaks no shared memory."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inference.engine import FrameInput, Manifest, PreparedPortrait
-from inference.engine_process import EngineProcess, EngineProcessError
+from inference.inference_process import (EngineProcess, InferenceProcessError,
+                                         RemoteInference, unlink_ring)
 from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
@@ -60,7 +61,7 @@ async def test_frames_cross_shared_memory_intact(portraits):
         loop = asyncio.get_running_loop()
         inputs = frames(small, 6) + frames(large, 3)
         results = await asyncio.gather(*(inference.submit(f, loop.time() + 10) for f in inputs))
-        with pytest.raises(EngineProcessError, match="geometry"):
+        with pytest.raises(InferenceProcessError, match="geometry"):
             await inference.prepare(PreparedPortrait(portraits[256].image, np.zeros(3)))
         inference.release(large)
         with pytest.raises(KeyError, match="released"):
@@ -89,14 +90,77 @@ async def test_a_dead_engine_process_answers_every_frame_and_leaks_nothing(portr
         slot = await inference.prepare(portraits[512])
         loop = asyncio.get_running_loop()
         waiting = [inference.submit(f, loop.time() + 10) for f in frames(slot, 12)]
-        assert inference._process is not None
-        os.kill(inference._process.pid, 9)
+        inference.process.kill()
         answered = await asyncio.wait_for(asyncio.gather(*waiting), 10)
         assert answered.count(None) >= 1 and inference.dead
         assert await inference.submit(frames(slot, 1)[0], loop.time() + 10) is None
-        with pytest.raises(EngineProcessError, match="died"):
+        with pytest.raises(InferenceProcessError, match="died"):
             await inference.prepare(portraits[256])
     finally:
         await inference.stop()
     assert not ring.exists()
     assert "error" in drops
+
+
+async def test_one_batch_spans_two_workers_and_a_leaving_worker_frees_its_portraits(portraits):
+    batches: list[int] = []
+    first = process(on_batch=lambda n, s: batches.append(n), max_batch=8)
+    await first.start()
+    manifest = Manifest.load(MANIFEST)
+    second = RemoteInference(manifest, first.process.address, first.process.authkey,
+                             pending=8, max_side=256, ring_name=f"sonic-test-{id(first)}")
+    await second.start()
+    try:
+        ring = Path("/dev/shm") / str(second.ring_name)
+        assert ring.exists()
+        a = await first.prepare(portraits[256])
+        b = await second.prepare(portraits[256])
+        assert a != b
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        # Submitted together, both workers' frames are ready at once: one batch of 8.
+        results = await asyncio.gather(*(first.submit(f, deadline) for f in frames(a, 4)),
+                                       *(second.submit(f, deadline) for f in frames(b, 4)))
+        assert all(r is not None for r in results)
+        assert max(batches) == 8, batches
+        # The same inputs on the same portrait give the same frames, whichever worker.
+        for x, y in zip(results[:4], results[4:], strict=True):
+            np.testing.assert_array_equal(x.frame, y.frame)
+        # A worker that vanishes without a word: its portrait leaves the engine, and the
+        # front door can still remove its ring.
+        assert second._conn is not None
+        loop.remove_reader(second._conn.fileno())
+        second._conn.close()
+        second._conn = None
+        second.dead = True
+        await asyncio.sleep(0.5)
+        again = RemoteInference(manifest, first.process.address, first.process.authkey,
+                                pending=4, max_side=256)
+        await again.start()
+        try:
+            own = await again.prepare(portraits[256])
+            deadline = loop.time() + 10
+            assert await again.submit(frames(b, 1)[0], deadline) is None  # b was released
+            assert await again.submit(frames(own, 1)[0], deadline) is not None
+        finally:
+            await again.stop()
+        assert unlink_ring(str(second.ring_name)) and not ring.exists()
+        assert not unlink_ring(str(second.ring_name))
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+async def test_a_worker_with_the_wrong_key_is_refused(portraits):
+    first = process()
+    await first.start()
+    try:
+        stranger = RemoteInference(Manifest.load(MANIFEST), first.process.address,
+                                   b"not the key", pending=4, max_side=256)
+        with pytest.raises(InferenceProcessError, match="cannot reach"):
+            await stranger.start()
+        slot = await first.prepare(portraits[256])  # the process serves on
+        loop = asyncio.get_running_loop()
+        assert await first.submit(frames(slot, 1)[0], loop.time() + 10) is not None
+    finally:
+        await first.stop()
