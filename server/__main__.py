@@ -8,19 +8,21 @@ from aiohttp import web
 
 from server.app import create_app
 from server.config import parse_args
+from server.front_door import create_front_door
 
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
     logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
     for noisy in ("aioice", "aiortc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     log = logging.getLogger("server")
     for section, values in settings.effective().items():
         log.info("settings [%s] %s", section,
                  " ".join(f"{key}={value!r}" for key, value in values.items()))
-    web.run_app(create_app(settings), host=settings.http.host, port=settings.http.port,
+    app = create_app(settings) if settings.workers.embedded else create_front_door(settings)
+    web.run_app(app, host=settings.http.host, port=settings.http.port,
                 print=lambda _: log.info("serving on http://%s:%d", settings.http.host,
                                          settings.http.port))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 from aiohttp import web
@@ -21,7 +21,7 @@ from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager
 from server.signalling import json_errors, routes
-from server.state import ServerState, state_key
+from server.state import ServerState, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 STATIC_DIR = REPO_ROOT / "static"
@@ -62,7 +62,7 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def _check_model(settings: Settings, manifest: Manifest) -> None:
+def check_model(settings: Settings, manifest: Manifest) -> None:
     """Settings that only the loaded model can check: its frame rate, sizes and latency."""
     if settings.video.fps != manifest.fps:
         raise ConfigError(f"video.fps={settings.video.fps} but {manifest.name} renders at "
@@ -79,44 +79,47 @@ def _check_model(settings: Settings, manifest: Manifest) -> None:
             f"starts; give at least {needed_ms + 10:.0f} ms")
 
 
-async def _start_inference(settings: Settings, runtime: str, metrics: Metrics) -> Inference:
-    """The shared scheduler and the engine: on a thread of this process, or in a process of
-    their own (``engine.own_process``)."""
+Connect = Callable[[Settings, Metrics], Awaitable[Inference]]
+
+
+async def start_inline(settings: Settings, metrics: Metrics) -> Inference:
+    """The shared scheduler and the engine on a thread of this process."""
+    runtime = resolve_runtime(settings.engine.runtime)
     opts = {"intra_op_threads": settings.engine.intra_op_threads} \
         if runtime == "onnxruntime" else {}
-    common = dict(max_batch=settings.scheduler.max_batch,
-                  max_wait_ms=settings.scheduler.max_wait_ms,
-                  max_pending=4 * settings.session.max_sessions + 8,
-                  on_batch=metrics.on_batch, on_drop=metrics.on_drop)
-    inference: Inference
-    if settings.engine.own_process:
-        inference = EngineProcess(runtime, settings.manifest_path, engine_opts=opts,
-                                  max_side=max(settings.video.allowed_sizes), **common)
-    else:
-        engine = await asyncio.to_thread(create_engine, runtime, settings.manifest_path, **opts)
-        inference = InlineInference(engine, **common)
+    engine = await asyncio.to_thread(create_engine, runtime, settings.manifest_path, **opts)
+    inference = InlineInference(engine, max_batch=settings.scheduler.max_batch,
+                                max_wait_ms=settings.scheduler.max_wait_ms,
+                                max_pending=4 * settings.session.max_sessions + 8,
+                                on_batch=metrics.on_batch, on_drop=metrics.on_drop)
     await inference.start()
     return inference
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, *, connect: Connect = start_inline,
+               runtime: str | None = None) -> web.Application:
+    """One whole server, or one media worker of many: ``connect`` gives it its inference
+    (by default the engine on a thread of this process); ``runtime`` is the one the
+    engine runs on, where the front door resolved it."""
     app = web.Application(client_max_size=settings.http.max_body_bytes,
                           middlewares=[json_errors])
     app.add_routes(routes)
     app.router.add_static("/static/", STATIC_DIR)
+    metrics = Metrics()
+    app[settings_key] = settings
+    app[metrics_key] = metrics
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
-        runtime = resolve_runtime(settings.engine.runtime)
-        log.info("loading %s on %s%s", settings.manifest_path.name, runtime,
-                 "" if runtime in VERIFIED else " (UNVERIFIED runtime)")
+        resolved = runtime or resolve_runtime(settings.engine.runtime)
+        log.info("loading %s on %s%s", settings.manifest_path.name, resolved,
+                 "" if resolved in VERIFIED else " (UNVERIFIED runtime)")
         manifest = Manifest.load(settings.manifest_path)
-        _check_model(settings, manifest)
-        metrics = Metrics()
-        inference = await _start_inference(settings, runtime, metrics)
+        check_model(settings, manifest)
+        inference = await connect(settings, metrics)
         avatars = AvatarStore(inference, settings.avatar, settings.video.size)
         sessions = SessionManager(settings, manifest, inference, avatars, metrics)
-        state = ServerState(settings, runtime, manifest, inference, avatars, sessions, metrics,
+        state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
                             STATIC_DIR)
         app[state_key] = state
         try:
@@ -125,7 +128,7 @@ def create_app(settings: Settings) -> web.Application:
             await _warm_up(state)  # after librosa, so the engine timings are not contended
             _freeze_startup_objects()
             log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
-                     runtime, inference.capacity_fps(settings.video.size),
+                     resolved, inference.capacity_fps(settings.video.size),
                      settings.video.size, settings.video.size)
             yield
             await sessions.close_all()

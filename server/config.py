@@ -95,10 +95,16 @@ class EngineSettings:
     manifest: str = setting("engines/sonic-lite.json", "model manifest, relative to the "
                             "repository root unless absolute")
     intra_op_threads: int = setting(1, "ONNX Runtime threads per engine call", low=1)
-    own_process: bool = setting(False, "run the shared scheduler and the engine in a process "
-                                "of their own, fed through shared memory, so the engine never "
-                                "waits for the media side's GIL (not yet faster on a GPU: "
-                                "frames are copied twice; see BENCHMARKS.md)")
+
+
+@dataclass
+class WorkerSettings:
+    count: int = setting(0, "media worker processes (WebRTC peers, audio, video encoding); "
+                         "0: one per two cores", low=0)
+    gpus: int = setting(0, "inference processes, one per GPU, each owning the shared "
+                        "scheduler and an engine; 0: every visible GPU (one on the CPU)", low=0)
+    embedded: bool = setting(False, "run everything in this one process, the engine on a "
+                             "thread: no front door, workers or inference process")
 
 
 @dataclass
@@ -137,6 +143,7 @@ class Settings:
     video: VideoSettings = field(default_factory=VideoSettings)
     avatar: AvatarSettings = field(default_factory=AvatarSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    workers: WorkerSettings = field(default_factory=WorkerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     session: SessionSettings = field(default_factory=SessionSettings)
 

@@ -60,4 +60,21 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+class FrontDoorMetrics(Metrics):
+    """The front door's: engine batches and drops (reported by the inference processes),
+    placement decisions and restarts. Per-session figures come from the workers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.admissions = Counter("sonic_admissions", "New sessions placed on a worker or "
+                                  "refused, by decision", ["decision"], registry=r)
+        self.workers_alive = Gauge("sonic_workers_alive", "Media workers serving", registry=r)
+        self.worker_restarts = Counter("sonic_worker_restarts",
+                                       "Media workers replaced after dying", registry=r)
+        self.inference_restarts = Counter("sonic_inference_restarts",
+                                          "Inference processes restarted after dying",
+                                          registry=r)
+
+
+__all__ = ["CONTENT_TYPE", "FrontDoorMetrics", "Metrics"]

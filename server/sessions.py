@@ -47,6 +47,13 @@ class SessionManager:
         """Share of the engine's measured capacity the live sessions need at full frame rate."""
         return sum(self._frame_cost(s.avatar.size) for s in self._sessions.values())
 
+    def count_by_size(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for session in self._sessions.values():
+            key = str(session.avatar.size)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 

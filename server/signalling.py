@@ -17,11 +17,12 @@ from inference.engine import KNOBS
 from inference.images import PortraitError
 from inference.runtimes import VERIFIED
 from server.avatars import DEFAULT_AVATAR, UnknownAvatar
+from server.config import Settings
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
 from server.sessions import AtCapacity
-from server.state import ServerState, state_key
+from server.state import ServerState, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -30,21 +31,30 @@ routes = web.RouteTableDef()
 class ApiError(web.HTTPException):
     """An HTTP error with a JSON body naming the problem."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
         self.status_code = status
         super().__init__(text=json.dumps({"error": code, "message": message}),
-                         content_type="application/json")
+                         content_type="application/json", headers=headers)
         self.code = code
+
+
+#: Seconds a client refused for capacity is asked to wait before it tries again.
+RETRY_AFTER_S = 5
 
 
 def fail(status: int, code: str, message: str) -> NoReturn:
     raise ApiError(status, code, message)
 
 
+def at_capacity(message: str) -> NoReturn:
+    raise ApiError(503, "at_capacity", message, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Turn aiohttp's own errors (404, 405, 413) into the JSON error shape too."""
-    metrics = request.app[state_key].metrics
+    metrics = request.app[metrics_key]
     try:
         return await handler(request)
     except ApiError as exc:
@@ -53,7 +63,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except web.HTTPRequestEntityTooLarge as exc:
         metrics.http_errors.labels(status="413", code="body_too_large").inc()
         raise ApiError(413, "body_too_large", f"request body exceeds the limit of "
-                       f"{request.app[state_key].settings.http.max_body_bytes} bytes") from exc
+                       f"{request.app[settings_key].http.max_body_bytes} bytes") from exc
     except web.HTTPException as exc:
         if exc.status_code < 400:
             raise
@@ -104,6 +114,10 @@ async def healthz(request: web.Request) -> web.Response:
                                 // state.settings.video.fps),
         "engine_load": round(state.sessions.engine_load(), 3),
         "frame_size": size,
+        # What the front door places sessions by.
+        "sessions_by_size": state.sessions.count_by_size(),
+        "capacity_fps_by_size": {str(s): round(state.inference.capacity_fps(s), 1)
+                                 for s in state.settings.video.allowed_sizes},
     })
 
 
@@ -111,10 +125,13 @@ async def healthz(request: web.Request) -> web.Response:
 async def config(request: web.Request) -> web.Response:
     """The settings in force (secrets withheld) and the session knobs with their ranges:
     what operators check after overriding, and what the page builds its controls from."""
-    settings = _state(request).settings
+    return web.json_response(config_body(request.app[settings_key]))
+
+
+def config_body(settings: Settings) -> dict[str, Any]:
     defaults = settings.session.knob_defaults()
     knobs = [{**knob.describe(), "default": defaults[knob.name]} for knob in KNOBS]
-    return web.json_response({"settings": settings.effective(), "knobs": knobs})
+    return {"settings": settings.effective(), "knobs": knobs}
 
 
 @routes.get("/metrics")
@@ -160,7 +177,7 @@ async def offer(request: web.Request) -> web.Response:
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
     except AtCapacity as exc:
-        fail(503, "at_capacity", str(exc))
+        at_capacity(str(exc))
 
     try:
         pc = await answer_offer(session, sdp, ice=state.settings.ice,

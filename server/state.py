@@ -28,3 +28,6 @@ class ServerState:
 
 
 state_key: web.AppKey[ServerState] = web.AppKey("state", ServerState)
+#: Also set on the front door's application, which has no ``ServerState``.
+settings_key: web.AppKey[Settings] = web.AppKey("settings", Settings)
+metrics_key: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)

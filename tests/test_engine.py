@@ -454,7 +454,7 @@ def test_auto_picks_a_verified_runtime(monkeypatch: pytest.MonkeyPatch, gpus: in
     import inference.runtimes as runtimes
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(runtimes, "_cuda_device_count", lambda: gpus)
+    monkeypatch.setattr(runtimes, "cuda_device_count", lambda: gpus)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object()
                         if name == "tensorrt" and tensorrt else find_spec(name, *a))
     assert runtimes.resolve_runtime("auto") == expected

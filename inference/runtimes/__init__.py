@@ -15,7 +15,7 @@ RUNTIMES: tuple[str, ...] = ("onnxruntime", "torch-cuda", "tensorrt", "auto")
 VERIFIED: frozenset[str] = frozenset({"onnxruntime", "torch-cuda"})
 
 
-def _cuda_device_count() -> int:
+def cuda_device_count() -> int:
     """GPUs visible to torch, or 0 where torch (or its CUDA build) is absent."""
     if importlib.util.find_spec("torch") is None:
         return 0
@@ -29,7 +29,7 @@ def resolve_runtime(runtime: str) -> str:
     else onnxruntime on the CPU. TensorRT runs only when asked for by name."""
     if runtime != "auto":
         return runtime
-    return "torch-cuda" if _cuda_device_count() else "onnxruntime"
+    return "torch-cuda" if cuda_device_count() else "onnxruntime"
 
 
 def create_engine(runtime: str, manifest_path: str | Path, **opts: Any) -> Engine:

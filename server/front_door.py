@@ -1,0 +1,459 @@
+"""The front door: the one HTTP port, in front of the media workers and inference processes.
+
+It starts one inference process per GPU (the shared scheduler and the engine) and the media
+workers (peers, audio, encoding), each worker feeding one GPU. A new session is placed on
+a worker by measured load (``server.placement``) or refused with 503 and ``Retry-After``;
+every other route is answered by asking the workers, so clients see one server. A worker
+that dies is replaced (its sessions end; the others run on); an inference process that
+dies is restarted and the workers of its GPU with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import math
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.engine import Manifest
+from inference.inference_process import InferenceConfig, InferenceProcess, unlink_ring
+from inference.runtimes import VERIFIED, cuda_device_count, resolve_runtime
+from server.app import STATIC_DIR, check_model
+from server.config import Settings
+from server.metrics import CONTENT_TYPE, FrontDoorMetrics
+from server.placement import Limits, Refused, WorkerLoad, engine_loads, place
+from server.signalling import at_capacity, config_body, fail, json_errors
+from server.state import metrics_key, settings_key
+from server.worker import WorkerProcess, WorkerSpec
+
+log = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+#: A process that keeps dying is restarted after a growing pause, up to this.
+MAX_RESTART_DELAY_S = 30.0
+
+
+def default_workers() -> int:
+    """One media worker per two cores: a worker's event loop carries about 12 sessions at
+    256x256 before it saturates, and its encoder threads need the other core."""
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+class FrontDoor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = FrontDoorMetrics()
+        self.runtime = resolve_runtime(settings.engine.runtime)
+        gpus = settings.workers.gpus
+        if self.runtime in ("torch-cuda", "tensorrt"):
+            gpus = gpus or cuda_device_count()
+            if gpus == 0:
+                raise RuntimeError(f"engine.runtime={self.runtime} but no GPU is visible")
+        self.gpu_count = gpus or 1
+        self.worker_count = settings.workers.count or default_workers()
+        s = settings.session
+        self.limits = Limits(
+            max_sessions=s.max_sessions,
+            worker_sessions=min(s.max_sessions, math.ceil(2 * s.max_sessions
+                                                          / self.worker_count)),
+            max_engine_load=s.max_engine_load, fps=settings.video.fps)
+        self.manifest = Manifest.load(settings.manifest_path)
+        check_model(settings, self.manifest)
+        self._dir = tempfile.mkdtemp(prefix="sonic-")
+        self._authkey = secrets.token_bytes(32)
+        self.inference: list[InferenceProcess] = []
+        self.workers: list[WorkerProcess] = []
+        self._generation = collections.Counter[int]()
+        self._failures = collections.Counter[str]()
+        self._reserved: dict[int, list[int]] = {}  # worker -> sizes of offers in flight
+        self._placing = asyncio.Lock()
+        self._uploads: collections.OrderedDict[str, tuple[bytes, str, dict[str, str]]] = \
+            collections.OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    # ------------------------------------------------------------------ life cycle
+    def _inference_process(self, gpu: int) -> InferenceProcess:
+        settings = self.settings
+        opts = {"intra_op_threads": settings.engine.intra_op_threads} \
+            if self.runtime == "onnxruntime" else {}
+        config = InferenceConfig(
+            self.runtime, str(settings.manifest_path), opts, settings.scheduler.max_batch,
+            settings.scheduler.max_wait_ms, 4 * settings.session.max_sessions + 8,
+            device=gpu if self.runtime in ("torch-cuda", "tensorrt") else None)
+        return InferenceProcess(config, os.path.join(self._dir, f"inference-{gpu}.sock"),
+                                self._authkey, on_batch=self.metrics.on_batch,
+                                on_drop=self.metrics.on_drop,
+                                on_exit=lambda code, g=gpu: self._inference_died(g, code))
+
+    def _worker_process(self, index: int) -> WorkerProcess:
+        self._generation[index] += 1
+        gpu = index % self.gpu_count
+        settings = dataclasses.replace(self.settings, session=dataclasses.replace(
+            self.settings.session, max_sessions=self.limits.worker_sessions))
+        spec = WorkerSpec(
+            index=index, gpu=gpu, settings=settings, runtime=self.runtime,
+            socket_path=os.path.join(self._dir, f"worker-{index}.sock"),
+            inference_address=self.inference[gpu].address, authkey=self._authkey,
+            ring_name=f"sonic-{os.getpid()}-w{index}-{self._generation[index]}",
+            ring_pending=4 * self.limits.worker_sessions)
+        return WorkerProcess(spec, on_exit=self._worker_died)
+
+    async def start(self) -> None:
+        log.info("front door: %d inference process(es) on %s, %d media worker(s)",
+                 self.gpu_count, self.runtime, self.worker_count)
+        self.inference = [self._inference_process(g) for g in range(self.gpu_count)]
+        await asyncio.gather(*(p.start() for p in self.inference))
+        self.workers = [self._worker_process(i) for i in range(self.worker_count)]
+        await asyncio.gather(*(w.start() for w in self.workers))
+        self.metrics.workers_alive.set(len(self.workers))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+        await asyncio.gather(*(p.stop() for p in self.inference), return_exceptions=True)
+        for worker in self.workers:
+            unlink_ring(worker.spec.ring_name)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _later(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _pause_before_restart(self, what: str) -> None:
+        self._failures[what] += 1
+        await asyncio.sleep(min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (self._failures[what] - 1)))
+
+    def _worker_died(self, worker: WorkerProcess) -> None:
+        if self._stopping:
+            return
+        log.error("worker %d (pid %s) died with exit code %s; its sessions are gone; "
+                  "replacing it", worker.index, worker.pid, worker.exitcode)
+        self.metrics.worker_restarts.inc()
+        self.metrics.workers_alive.set(sum(w.ready for w in self.workers))
+        unlink_ring(worker.spec.ring_name)
+        self._later(self._replace_worker(worker))
+
+    async def _replace_worker(self, worker: WorkerProcess) -> None:
+        await self._pause_before_restart(f"worker-{worker.index}")
+        await worker.stop()
+        fresh = self._worker_process(worker.index)
+        self.workers[worker.index] = fresh
+        try:
+            await fresh.start()
+        except Exception:  # noqa: BLE001 - retried: the exit handler schedules it again
+            log.exception("worker %d failed to start", worker.index)
+            self._later(self._replace_worker(fresh))
+            return
+        self._failures[f"worker-{worker.index}"] = 0
+        await self._replay_uploads(fresh)
+        self.metrics.workers_alive.set(sum(w.ready for w in self.workers))
+        log.info("worker %d replaced (pid %s)", fresh.index, fresh.pid)
+
+    def _inference_died(self, gpu: int, code: int | None) -> None:
+        if self._stopping:
+            return
+        log.error("the inference process of GPU %d died (exit code %s); restarting it and "
+                  "its workers", gpu, code)
+        self.metrics.inference_restarts.inc()
+        self._later(self._restart_gpu(gpu))
+
+    async def _restart_gpu(self, gpu: int) -> None:
+        mine = [w for w in self.workers if w.spec.gpu == gpu]
+        for worker in mine:  # their sessions can make no more frames: end them cleanly
+            worker.ready = False
+        await asyncio.gather(*(w.stop() for w in mine))
+        await self._pause_before_restart(f"inference-{gpu}")
+        process = self._inference_process(gpu)
+        self.inference[gpu] = process
+        try:
+            await process.start()
+        except Exception:  # noqa: BLE001
+            log.exception("the inference process of GPU %d failed to start", gpu)
+            self._later(self._restart_gpu(gpu))
+            return
+        self._failures[f"inference-{gpu}"] = 0
+        for worker in mine:
+            unlink_ring(worker.spec.ring_name)
+            self._later(self._replace_worker(worker))
+
+    # ------------------------------------------------------------------ asking workers
+    def live_workers(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.ready]
+
+    async def ask_all(self, method: str, path: str, **kwargs: Any
+                      ) -> list[tuple[WorkerProcess, int, bytes, dict[str, str]]]:
+        """The same request to every live worker; one that fails to answer is left out."""
+        workers = self.live_workers()
+        answers = await asyncio.gather(*(w.request(method, path, **kwargs) for w in workers),
+                                       return_exceptions=True)
+        return [(w, *a) for w, a in zip(workers, answers, strict=True)
+                if not isinstance(a, BaseException)]
+
+    async def loads(self) -> list[WorkerLoad]:
+        out = []
+        for worker, status, body, _ in await self.ask_all("GET", "/healthz"):
+            if status != 200:
+                continue
+            health = json.loads(body)
+            sessions = {int(k): v for k, v in health["sessions_by_size"].items()}
+            for size in self._reserved.get(worker.index, []):
+                sessions[size] = sessions.get(size, 0) + 1
+            out.append(WorkerLoad(worker.index, worker.spec.gpu, sessions,
+                                  {int(k): v for k, v in
+                                   health["capacity_fps_by_size"].items()}))
+        return out
+
+    async def _replay_uploads(self, worker: WorkerProcess) -> None:
+        for body, content_type, query in list(self._uploads.values()):
+            try:
+                await worker.request("POST", "/avatars", data=body, params=query,
+                                     headers={"Content-Type": content_type})
+            except OSError as exc:
+                log.warning("worker %d: replaying an avatar upload failed: %s",
+                            worker.index, exc)
+
+    def remember_upload(self, avatar_id: str, body: bytes, content_type: str,
+                        query: dict[str, str]) -> None:
+        """Kept so a replacement worker knows the avatars its predecessor knew."""
+        self._uploads[avatar_id] = (body, content_type, query)
+        self._uploads.move_to_end(avatar_id)
+        while len(self._uploads) > self.settings.avatar.max_avatars:
+            self._uploads.popitem(last=False)
+
+    def _reserve(self, index: int, size: int) -> None:
+        self._reserved.setdefault(index, []).append(size)
+
+    def _unreserve(self, index: int, size: int) -> None:
+        self._reserved[index].remove(size)
+
+    async def place(self, size: int) -> WorkerProcess:
+        """A worker for a new session, its place reserved until its offer is answered;
+        raises ``Refused``."""
+        async with self._placing:
+            index = place(await self.loads(), size, self.limits)
+            self._reserve(index, size)
+        return self.workers[index]
+
+
+front_door_key: web.AppKey[FrontDoor] = web.AppKey("front_door", FrontDoor)
+
+
+def _door(request: web.Request) -> FrontDoor:
+    return request.app[front_door_key]
+
+
+def _relay(status: int, body: bytes, headers: dict[str, str]) -> web.Response:
+    kept = {k: v for k, v in headers.items() if k.lower() in ("content-type", "retry-after")}
+    return web.Response(status=status, body=body, headers=kept)
+
+
+async def _forward(worker: WorkerProcess, request: web.Request) -> web.Response:
+    body = await request.read()
+    headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+    try:
+        return _relay(*await worker.request(request.method, request.rel_url.path,
+                                            params=request.rel_url.query, data=body,
+                                            headers=headers))
+    except OSError as exc:
+        fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: {exc}")
+
+
+def _any_worker(request: web.Request) -> WorkerProcess:
+    live = _door(request).live_workers()
+    if not live:
+        at_capacity("no media worker is running (one is being replaced)")
+    return live[0]
+
+
+@routes.get("/")
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html")
+
+
+@routes.get("/config")
+async def config(request: web.Request) -> web.Response:
+    return web.json_response(config_body(_door(request).settings))
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    door = _door(request)
+    loads = await door.loads()
+    settings = door.settings
+    size = settings.video.size
+    fps = settings.video.fps
+    capacity = {load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}
+    workers = {load.index: load for load in loads}
+    return web.json_response({
+        "status": "ok" if loads else "starting",
+        "sessions": sum(load.count for load in loads),
+        "model": door.manifest.name,
+        "runtime": door.runtime,
+        "runtime_verified": door.runtime in VERIFIED,
+        "capacity_fps": round(sum(capacity.values()), 1),
+        "session_capacity": min(settings.session.max_sessions, int(sum(
+            c * settings.session.max_engine_load // fps for c in capacity.values()))),
+        "engine_load": {str(g): round(v, 3) for g, v in engine_loads(loads, fps).items()},
+        "frame_size": size,
+        "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
+                     "sessions": workers[w.index].count if w.index in workers else None}
+                    for w in door.workers],
+        "inference": [{"gpu": g, "pid": p.pid, "alive": p.alive, "max_batch": p.max_batch}
+                      for g, p in enumerate(door.inference)],
+    })
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """The front door's own metrics (engine batches, placement, restarts) and every
+    worker's (sessions, frames, delays), each sample labelled with its ``process``."""
+    door = _door(request)
+    families: dict[str, Metric] = {}
+
+    def add(text: str, process: str) -> None:
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(
+                family.name, family.documentation, family.type, family.unit))
+            for sample in family.samples:
+                merged.samples.append(sample._replace(
+                    labels={**sample.labels, "process": process}))
+
+    add(door.metrics.render().decode(), "front-door")
+    for worker, status, body, _ in await door.ask_all("GET", "/metrics"):
+        if status == 200:
+            add(body.decode(), f"worker-{worker.index}")
+
+    class Merged:
+        def collect(self) -> list[Metric]:
+            return list(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Merged())  # type: ignore[arg-type]
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+
+
+@routes.post("/offer")
+async def offer(request: web.Request) -> web.Response:
+    door = _door(request)
+    body = await request.read()
+    try:
+        parsed = json.loads(body)
+        options = parsed.get("options") if isinstance(parsed, dict) else None
+        size = options.get("size", door.settings.video.size) \
+            if isinstance(options, dict) else door.settings.video.size
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        fail(400, "invalid_json", "request body must be a JSON object")
+    if size not in door.settings.video.allowed_sizes:
+        size = door.settings.video.size  # the worker names the problem
+    try:
+        worker = await door.place(int(size))
+    except Refused as exc:
+        door.metrics.admissions.labels(decision="refused").inc()
+        at_capacity(str(exc))
+    try:
+        response = await _forward(worker, request)
+    finally:
+        door._unreserve(worker.index, int(size))
+    door.metrics.admissions.labels(decision="placed" if response.status == 200
+                                   else f"worker_{response.status}").inc()
+    return response
+
+
+@routes.get("/sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    sessions = []
+    for worker, status, body, _ in await _door(request).ask_all("GET", "/sessions"):
+        if status == 200:
+            sessions += [{**s, "worker": worker.index} for s in json.loads(body)["sessions"]]
+    return web.json_response({"sessions": sessions})
+
+
+@routes.route("*", "/sessions/{session_id}")
+async def one_session(request: web.Request) -> web.Response:
+    """Whichever worker holds it answers; the others say 404."""
+    door = _door(request)
+    body = await request.read()
+    headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+    answers = await door.ask_all(request.method, request.rel_url.path, data=body,
+                                 headers=headers)
+    for worker, status, answer, answer_headers in answers:
+        if status != 404:
+            return _relay(status, answer, answer_headers)
+    if answers:
+        return _relay(*answers[0][1:])
+    fail(404, "unknown_session", f"no live session {request.match_info['session_id']!r}")
+
+
+@routes.get("/avatars")
+async def list_avatars(request: web.Request) -> web.Response:
+    return await _forward(_any_worker(request), request)
+
+
+@routes.get("/avatars/{avatar_id}")
+async def get_avatar(request: web.Request) -> web.Response:
+    return await _forward(_any_worker(request), request)
+
+
+@routes.get("/avatars/{avatar_id}/image")
+async def avatar_image(request: web.Request) -> web.Response:
+    return await _forward(_any_worker(request), request)
+
+
+@routes.post("/avatars")
+async def upload_avatar(request: web.Request) -> web.Response:
+    """Every worker prepares the portrait (its sessions need it in the engine); the id is
+    the content's hash, so it is the same on each."""
+    door = _door(request)
+    if not door.live_workers():
+        at_capacity("no media worker is running (one is being replaced)")
+    body = await request.read()
+    content_type = request.headers.get("Content-Type", "application/octet-stream")
+    query = dict(request.rel_url.query)
+    answers = await door.ask_all("POST", "/avatars", data=body, params=query,
+                                 headers={"Content-Type": content_type})
+    if not answers:
+        fail(502, "worker_unavailable", "no media worker answered the upload")
+    _, status, answer, headers = max(answers, key=lambda a: a[1])  # the worst answer
+    if status == 201:
+        door.remember_upload(json.loads(answer)["avatar_id"], body, content_type, query)
+    return _relay(status, answer, headers)
+
+
+def create_front_door(settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=settings.http.max_body_bytes,
+                          middlewares=[json_errors])
+    app.add_routes(routes)
+    app.router.add_static("/static/", STATIC_DIR)
+    door = FrontDoor(settings)
+    app[front_door_key] = door
+    app[settings_key] = settings
+    app[metrics_key] = door.metrics
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        try:
+            await door.start()
+            log.info("ready: %d media worker(s), model %s on %s", len(door.workers),
+                     door.manifest.name, door.runtime)
+            yield
+        finally:
+            await door.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,195 @@
+"""The whole server as it runs by default, with two media workers: a front door on the HTTP
+port, one inference process (CPU runtime) and the workers feeding it through shared
+memory. Sessions spread over both workers, their frames come back intact, a worker or the
+inference process that dies is replaced while the other sessions run on, and a session
+past capacity is refused with 503 and Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+from PIL import Image
+
+from server.client import Received, run_session
+from test_webrtc_session import (_audio_envelope_at, _frame_centres, _get, _mouth_box,
+                                 _mouth_signal)
+
+
+@pytest.fixture(scope="module")
+def door():  # type: ignore[no-untyped-def]
+    from conftest import ServerProcess
+
+    server = ServerProcess("--set", "workers.count=2", "--set", "session.peer_timeout_s=3")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def _speaks(received: Received, box: tuple[slice, slice]) -> None:
+    """The frames are the engine's, whole: the mouth opens when the speech is loud."""
+    mouth = _mouth_signal(received, box)
+    envelope = _audio_envelope_at(received, _frame_centres(received))
+    speaking = envelope > 0.2 * envelope.max()
+    quiet = envelope < 0.02 * envelope.max()
+    assert speaking.sum() > 25 and quiet.sum() > 25
+    assert mouth[speaking].mean() > 3 * mouth[quiet].mean()
+
+
+def _fps_between(received: Received, start: float, end: float) -> float:
+    arrivals = np.asarray(received.video.arrivals)
+    return float(((arrivals >= start) & (arrivals < end)).sum() / (end - start))
+
+
+async def _wait_for(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = await asyncio.to_thread(check)
+        if result:
+            return result
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{what} not within {timeout} s")
+
+
+def test_sessions_land_on_both_workers_and_their_frames_come_back_whole(door, speech_wav):
+    box = _mouth_box(door, 256)
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        async def listing() -> dict:
+            await asyncio.sleep(3)
+            return await asyncio.to_thread(_get, f"{door.url}/sessions")
+
+        return await asyncio.gather(run_session(door.url, str(speech_wav), seconds=7.0),
+                                    run_session(door.url, str(speech_wav), seconds=7.0),
+                                    listing())
+
+    first, second, listed = asyncio.run(scenario())
+    workers = {s["session_id"]: s["worker"] for s in listed["sessions"]}
+    assert sorted(workers.values()) == [0, 1], listed
+    assert set(workers) == {first.session_id, second.session_id}
+    for received in (first, second):
+        assert received.video_fps() >= 24.0, received.video_fps()
+        _speaks(received, box)
+
+
+def _portrait_png() -> bytes:
+    from inference.images import load_default_avatar
+
+    buffer = io.BytesIO()
+    # Mirrored: a portrait of its own, not the default's bytes.
+    Image.fromarray(load_default_avatar()[:, ::-1].copy()).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_killed_worker_ends_only_its_own_session_and_is_replaced(door, speech_wav):
+    async def upload() -> str:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{door.url}/avatars", data=_portrait_png(),
+                                 headers={"Content-Type": "image/png"}) as response:
+                body = await response.json()
+                assert response.status == 201, body
+                return str(body["avatar_id"])
+
+    avatar = asyncio.run(upload())
+    killed: dict[str, float | int] = {}
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        async def kill_worker_one() -> None:
+            await asyncio.sleep(3)
+            health = await asyncio.to_thread(_get, f"{door.url}/healthz")
+            pid = next(w["pid"] for w in health["workers"] if w["index"] == 1)
+            sessions = (await asyncio.to_thread(_get, f"{door.url}/sessions"))["sessions"]
+            killed.update(pid=pid, at=time.monotonic(), session=next(
+                s["session_id"] for s in sessions if s["worker"] == 1))
+            os.kill(pid, signal.SIGKILL)
+
+        return await asyncio.gather(run_session(door.url, str(speech_wav), seconds=9.0),
+                                    run_session(door.url, str(speech_wav), seconds=9.0),
+                                    kill_worker_one())
+
+    a, b, _ = asyncio.run(scenario())
+    victim, survivor = (a, b) if a.session_id == killed["session"] else (b, a)
+    at = float(killed["at"])
+    # The other worker's session never noticed; the killed one's stopped at once.
+    assert _fps_between(survivor, at + 0.5, survivor.video.arrivals[-1]) >= 24.0
+    assert _fps_between(victim, at + 0.5, at + 5.0) == 0.0
+    assert victim.session_id not in {s["session_id"] for s in
+                                     _get(f"{door.url}/sessions")["sessions"]}
+
+    def replaced() -> bool:
+        worker = _get(f"{door.url}/healthz")["workers"][1]
+        return worker["ready"] and worker["pid"] != killed["pid"]
+
+    asyncio.run(_wait_for(replaced, 60, "worker 1 replaced"))
+    # The dead worker's ring was removed; its replacement has one of its own.
+    rings = sorted(p.name for p in Path("/dev/shm").glob(f"sonic-{door.proc.pid}-w1-*"))
+    assert len(rings) == 1 and not rings[0].endswith("-w1-1"), rings
+
+    # The replacement serves, and knows the avatar uploaded before it started.
+    async def again():  # type: ignore[no-untyped-def]
+        return await asyncio.gather(*(run_session(door.url, str(speech_wav), seconds=3.0,
+                                                  avatar=avatar, keep=False)
+                                      for _ in range(2)))
+
+    for received in asyncio.run(again()):
+        assert received.video_fps() >= 24.0
+    with urllib.request.urlopen(f"{door.url}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'sonic_worker_restarts_total{process="front-door"} 1.0' in metrics
+
+
+def test_the_inference_process_restarted_recovers(door, speech_wav):
+    before = _get(f"{door.url}/healthz")
+    old = before["inference"][0]["pid"]
+    os.kill(old, signal.SIGKILL)
+
+    def recovered() -> bool:
+        health = _get(f"{door.url}/healthz")
+        return health["inference"][0]["pid"] != old and health["inference"][0]["alive"] and \
+            all(w["ready"] for w in health["workers"]) and health["status"] == "ok"
+
+    asyncio.run(_wait_for(recovered, 90, "the inference process and its workers restarted"))
+    received = asyncio.run(run_session(door.url, str(speech_wav), seconds=4.0, keep=False))
+    assert received.video_fps() >= 24.0
+
+
+def test_past_capacity_a_session_is_refused_with_retry_after(speech_wav):
+    from conftest import ServerProcess
+    from test_http_api import _offer_sdp
+
+    full = ServerProcess("--set", "workers.count=2", "--set", "session.max_sessions=1")
+    try:
+        full.wait_ready()
+
+        async def scenario() -> tuple[Received, int, dict, str | None]:
+            async def second() -> tuple[int, dict, str | None]:
+                await asyncio.sleep(2)
+                async with aiohttp.ClientSession() as http:
+                    async with http.post(f"{full.url}/offer", json={
+                            "sdp": await _offer_sdp(), "type": "offer"}) as response:
+                        return (response.status, await response.json(),
+                                response.headers.get("Retry-After"))
+
+            first, (status, body, retry) = await asyncio.gather(
+                run_session(full.url, str(speech_wav), seconds=4.0, keep=False), second())
+            return first, status, body, retry
+
+        first, status, body, retry = asyncio.run(scenario())
+        assert status == 503 and body["error"] == "at_capacity", body
+        assert "maximum of 1 sessions" in body["message"] and retry is not None
+        assert first.video_fps() >= 24.0  # the running session was not degraded
+        assert sorted(p.name for p in Path("/dev/shm").glob(f"sonic-{full.proc.pid}-*")) == \
+            [f"sonic-{full.proc.pid}-w0-1", f"sonic-{full.proc.pid}-w1-1"]
+    finally:
+        full.stop()
+    assert not list(Path("/dev/shm").glob(f"sonic-{full.proc.pid}-*"))  # nothing left behind
