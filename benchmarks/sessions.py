@@ -1,11 +1,18 @@
-"""Concurrent-session benchmark: a real server process and N real aiortc peers on loopback.
+"""Load generator: a real server process and N real aiortc peers on loopback.
 
-For each session count it starts a fresh server, streams speech from N peers at once for
-``--seconds``, and reports received fps, the server's CPU use, the server-measured
-pipeline delay (audio arrival to frame out) p50/p95, the A/V offset at the sender, and
-the lips-to-sound lag seen by the peers from the streams' sender reports.
+For each session count it starts a fresh server (the front door with its media workers
+and inference process, unless told otherwise after ``--``), streams speech from N peers
+at once for ``--seconds``, and reports what the peers received (fps) and what the server
+measured per session (repeated frames, pipeline delay, A/V offset), with the server's CPU
+by process (front door, workers, inference), the GPU's utilisation where ``nvidia-smi``
+exists, the engine's mean batch size and the admission decisions.
+
+The peers must not be the bottleneck on a machine they share with the server: they run in
+``--client-processes`` processes, and all but ``--decoded`` of them count their video
+frames without decoding them (decoding costs 0.2-0.3 cores per stream).
 
     python -m benchmarks.sessions --sessions 1 2 4 --size 256 --seconds 20
+    python -m benchmarks.sessions --sessions 64 128 --size 256 -- --runtime torch-cuda
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from inference.tts import conversation, write_wav
-from server.client import run_session
+from server.client import count_video_only, run_session
 from server.config import REPO_ROOT
 from server.peer import pin_host_addresses
 
@@ -38,13 +47,44 @@ def _stat(pid: int) -> list[str]:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU time of the server and its live child processes (the engine process)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    total = 0.0
-    for process in (pid, *map(int, children)):
-        fields = _stat(process)
-        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return total
+    try:
+        fields = _stat(pid)
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _processes(url: str, pid: int) -> dict[str, list[int]]:
+    """The server's processes by kind, from its /healthz."""
+    health = _get(f"{url}/healthz")
+    if "workers" not in health:  # an embedded server: one process
+        return {"server": [pid]}
+    return {"front_door": [pid],
+            "workers": [w["pid"] for w in health["workers"] if w["pid"]],
+            "inference": [p["pid"] for p in health["inference"] if p["pid"]]}
+
+
+def _gpu_utilisation() -> float | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    values = [float(v) for v in out.stdout.split() if v.strip()]
+    return float(np.mean(values)) if values else None
+
+
+def _metric_sums(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name + "".join(f"/{v}" for k, v in sorted(sample.labels.items())
+                                        if k in ("decision", "reason"))
+            sums[key] = sums.get(key, 0.0) + sample.value
+    return sums
 
 
 def _get(url: str) -> Any:
@@ -58,45 +98,108 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
+                   ) -> list[dict[str, Any]]:
+    """``sessions`` peers in this process; each one's received fps, or why it was refused."""
+    async def one(delay: float) -> dict[str, Any]:
+        await asyncio.sleep(delay)
+        try:
+            received = await run_session(url, wav, seconds=seconds, keep=False,
+                                         options={"size": size})
+        except RuntimeError as exc:
+            return {"refused": str(exc)[:200]}
+        return {"session_id": received.session_id, "fps": received.video_fps(),
+                "frames": len(received.video.pts)}
+
+    # Offers spread over the first second, as real callers would arrive.
+    return list(await asyncio.gather(*(one(i / max(1, sessions)) for i in range(sessions))))
+
+
+async def _client_process(url: str, wav: Path, sessions: int, size: int,
+                          seconds: float) -> list[dict[str, Any]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.sessions", "--client-of", url, str(wav),
+        str(sessions), str(size), str(seconds), cwd=REPO_ROOT, stdout=subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return list(json.loads(out.decode().strip().splitlines()[-1]))
+
+
 async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
-                   size: int) -> dict[str, Any]:
+                   size: int, client_processes: int, decoded: int) -> dict[str, Any]:
     snapshot: list[dict[str, Any]] = []
+    kinds = await asyncio.to_thread(_processes, url, pid)
+    before = await asyncio.to_thread(_metric_sums, url)
+    gpu: list[float] = []
 
-    async def monitor() -> tuple[float, float]:
-        await asyncio.sleep(3.0)  # connected and steady
-        t0, c0 = time.monotonic(), await asyncio.to_thread(_cpu_seconds, pid)
-        await asyncio.sleep(seconds - 4.0)
-        t1, c1 = time.monotonic(), await asyncio.to_thread(_cpu_seconds, pid)
+    async def monitor() -> tuple[float, dict[str, float]]:
+        await asyncio.sleep(4.0)  # connected and steady
+        t0 = time.monotonic()
+        c0 = {k: sum(map(_cpu_seconds, pids)) for k, pids in kinds.items()}
+        while time.monotonic() - t0 < seconds - 6.0:
+            util = await asyncio.to_thread(_gpu_utilisation)
+            if util is not None:
+                gpu.append(util)
+            await asyncio.sleep(1.0)
+        t1 = time.monotonic()
+        c1 = {k: sum(map(_cpu_seconds, pids)) for k, pids in kinds.items()}
         snapshot.extend(await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"]))
-        return t1 - t0, c1 - c0
+        return t1 - t0, {k: (c1[k] - c0[k]) / (t1 - t0) for k in kinds}
 
-    clients = [run_session(url, str(wav), seconds=seconds, keep=False,
-                           options={"size": size}) for _ in range(sessions)]
-    (wall, cpu), *received = await asyncio.gather(monitor(), *clients)
+    decoded = min(decoded, sessions)
+    rest = sessions - decoded
+    shares = [len(part) for part in np.array_split(np.arange(rest), client_processes)
+              if len(part)]
+    (wall, cpu), local, *remote = await asyncio.gather(
+        monitor(), _clients(url, str(wav), decoded, size, seconds),
+        *(_client_process(url, wav, n, size, seconds) for n in shares))
+    results = local + [r for chunk in remote for r in chunk]
+    after = await asyncio.to_thread(_metric_sums, url)
     stats = [s["stats"] for s in snapshot]
+    fps = [r["fps"] for r in results if "fps" in r]
 
-    def pooled(key: str, q: str) -> float | None:
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    def worst(key: str, q: str) -> float | None:
+        values = [abs(s[key][q]) for s in stats if s[key][q] is not None]
+        return round(float(max(values)), 1) if values else None
+
+    def median(key: str, q: str) -> float | None:
         values = [s[key][q] for s in stats if s[key][q] is not None]
         return round(float(np.median(values)), 1) if values else None
 
-    fps = [r.video_fps() for r in received]
+    batches = delta("sonic_engine_batch_size_count")
+    served = len(fps)
+    repeated = sum(s["frames_repeated"] for s in stats)
+    sent = sum(s["frames_sent"] for s in stats)
+    total_cpu = sum(cpu.values())
     return {
-        "sessions": sessions, "size": size,
-        "fps_min": round(min(fps), 2), "fps_median": round(float(np.median(fps)), 2),
-        "server_cpu_cores": round(cpu / wall, 2),
-        "pipeline_delay_ms_p50": pooled("pipeline_delay_ms", "p50"),
-        "pipeline_delay_ms_p95": max((s["pipeline_delay_ms"]["p95"] or 0) for s in stats)
-        if stats else None,
-        "av_offset_ms_p50": pooled("av_offset_ms", "p50"),
-        "av_offset_ms_p95": max((abs(s["av_offset_ms"]["p95"] or 0)) for s in stats)
-        if stats else None,
-        "frames_repeated": sum(s["frames_repeated"] for s in stats),
-        "frames_sent": sum(s["frames_sent"] for s in stats),
+        "sessions": sessions, "size": size, "served": served,
+        "refused": sum("refused" in r for r in results),
+        "fps_min": round(min(fps), 2) if fps else None,
+        "fps_median": round(float(np.median(fps)), 2) if fps else None,
+        "fps_below_24": sum(f < 24 for f in fps),
+        "repeated_%": round(100 * repeated / sent, 2) if sent else None,
+        "pipeline_delay_ms_p50": median("pipeline_delay_ms", "p50"),
+        "pipeline_delay_ms_p95_median": median("pipeline_delay_ms", "p95"),
+        "pipeline_delay_ms_p95_worst": worst("pipeline_delay_ms", "p95"),
+        "av_offset_ms_p95_worst": worst("av_offset_ms", "p95"),
+        "server_cpu_cores": round(total_cpu, 2),
+        "cpu_per_session": round(total_cpu / served, 3) if served else None,
+        "cpu_by_process": {k: round(v, 2) for k, v in cpu.items()},
+        "gpu_util_%": round(float(np.mean(gpu)), 1) if gpu else None,
+        "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)
+        if batches else None,
+        "scheduler_drops": {k.split("/", 1)[1]: delta(k) for k in after
+                            if k.startswith("sonic_scheduler_frames_dropped_total/")
+                            and delta(k)},
+        "admissions": {k.split("/", 1)[1]: delta(k) for k in after
+                       if k.startswith("sonic_admissions_total/") and delta(k)},
     }
 
 
-def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str]
-              ) -> dict[str, Any]:
+def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
+              client_processes: int, decoded: int) -> dict[str, Any]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
@@ -105,7 +208,7 @@ def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[s
          "--set", f"video.size={size}", "--set", f"session.max_sessions={max(sessions, 4)}",
          *extra], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while True:
             try:
                 _get(f"{url}/healthz")
@@ -116,10 +219,11 @@ def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[s
                     raise RuntimeError("server failed to start:\n"
                                        + log.read().decode()[-2000:]) from None
                 time.sleep(0.2)
-        return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size))
+        return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size,
+                                    client_processes, decoded))
     finally:
         server.terminate()
-        server.wait(10)
+        server.wait(30)
 
 
 def main() -> None:
@@ -127,28 +231,41 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--client-processes", type=int, default=0,
+                        help="processes the counting peers run in (0: one per 16 sessions)")
+    parser.add_argument("--decoded", type=int, default=1,
+                        help="peers that decode their video (the rest count frames)")
     parser.add_argument("--json", action="store_true", help="print JSON lines only")
+    parser.add_argument("--client-of", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs="*", help="extra server arguments after --")
     args = parser.parse_args()
     pin_host_addresses(["127.0.0.1"])
+    if args.client_of:  # one of the client processes of a run
+        url, wav, n, size, seconds = args.client_of
+        count_video_only()
+        print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds)))))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         speech = conversation()
         wav = write_wav(Path(tmp) / "speech.wav",
                         np.tile(speech, int(np.ceil(args.seconds * 16000 / len(speech))) + 1))
         if not args.json:
             print(f"{'sessions':>8} {'size':>5} {'fps min':>8} {'fps med':>8} {'cpu':>6} "
-                  f"{'delay p50':>10} {'delay p95':>10} {'A/V p50':>8} {'A/V p95':>8} "
-                  f"{'repeated':>9}")
+                  f"{'delay p50':>10} {'delay p95':>10} {'A/V p95':>8} {'repeat %':>9}")
         for n in args.sessions:
-            row = run_point(n, args.size, args.seconds, wav, args.server_args)
+            processes = args.client_processes or math.ceil(n / 16)
+            row = run_point(n, args.size, args.seconds, wav, args.server_args, processes,
+                            args.decoded)
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"{n:>8} {args.size:>5} {row['fps_min']:>8} {row['fps_median']:>8} "
+                print(f"{n:>8} {args.size:>5} {row['fps_min']!s:>8} {row['fps_median']!s:>8} "
                       f"{row['server_cpu_cores']:>6} {row['pipeline_delay_ms_p50']!s:>10} "
-                      f"{row['pipeline_delay_ms_p95']!s:>10} {row['av_offset_ms_p50']!s:>8} "
-                      f"{row['av_offset_ms_p95']!s:>8} "
-                      f"{row['frames_repeated']:>4}/{row['frames_sent']:<5}", flush=True)
+                      f"{row['pipeline_delay_ms_p95_worst']!s:>10} "
+                      f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
+                print("  ", json.dumps({k: row[k] for k in (
+                    "served", "refused", "fps_below_24", "cpu_per_session", "cpu_by_process",
+                    "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 
-import librosa
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -93,6 +92,8 @@ class SonicLite(nn.Module):
         super().__init__()
         spec = timing.features
         self.timing = timing
+
+        import librosa  # here, not at import: the GPU runtime loads this module without it
 
         centres = librosa.mel_frequencies(spec.n_mels + 2, fmin=spec.fmin, fmax=spec.fmax)[1:-1]
         bands = np.stack([(centres >= lo) & (centres < hi) for _, lo, hi in BANDS], axis=1)
