@@ -235,6 +235,8 @@ def main() -> None:
                         help="processes the counting peers run in (0: one per 16 sessions)")
     parser.add_argument("--decoded", type=int, default=1,
                         help="peers that decode their video (the rest count frames)")
+    parser.add_argument("--wav", type=Path,
+                        help="speech to send (default: espeak-ng's, where it is installed)")
     parser.add_argument("--json", action="store_true", help="print JSON lines only")
     parser.add_argument("--client-of", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs="*", help="extra server arguments after --")
@@ -246,7 +248,14 @@ def main() -> None:
         print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds)))))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        speech = conversation()
+        if args.wav is not None:
+            import wave
+
+            with wave.open(str(args.wav)) as w:
+                assert w.getframerate() == 16000 and w.getsampwidth() == 2, args.wav
+                speech = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+        else:
+            speech = conversation()
         wav = write_wav(Path(tmp) / "speech.wav",
                         np.tile(speech, int(np.ceil(args.seconds * 16000 / len(speech))) + 1))
         if not args.json:

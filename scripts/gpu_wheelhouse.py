@@ -3,16 +3,18 @@
 Run it where the package index is reachable. It downloads the server's dependencies
 (``pyproject.toml``) as wheels for the target's Python and platform, leaves out what the
 target already has (``--present``: the target's ``pip list --format=freeze``), and packs
-the rest into ``part-N`` folders of at most ``--part-mib`` MiB each:
+the rest, unpacked, into ``site-N.tar.xz`` parts of at most ``--part-mib`` MiB each (xz
+takes a third off the wheels: the lent machine takes 64 MiB per call, repository included):
 
-    python scripts/gpu_wheelhouse.py --present gpu-freeze.txt --out wheelhouse
+    python scripts/gpu_wheelhouse.py --present gpu-freeze.txt --out .wheelhouse
 
-Then, on the target, install each part as it arrives (each into the same folder):
+Then, on the target, unpack each part as it arrives, all into the same folder:
 
-    python3 -m pip install --no-index --no-deps --target /opt/sonic-site part-1/*.whl
-    export PYTHONPATH=/opt/sonic-site:$PWD
+    mkdir -p /tmp/sonic-site && tar -xJf site-1.tar.xz -C /tmp/sonic-site
+    export PYTHONPATH=/tmp/sonic-site:$PWD
 
-``--no-deps``: the parts together are the dependency closure, so no part needs the index.
+A wheel is a zip made to be unpacked into site-packages as it is; the parts together are
+the dependency closure of what the target lacks, so nothing needs the index there.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,20 +60,29 @@ def requirements() -> list[str]:
     return list(project["dependencies"])
 
 
-def pack(wheels: list[Path], limit: int) -> list[list[Path]]:
-    """First fit, largest first: few parts, none over ``limit`` bytes."""
-    parts: list[tuple[int, list[Path]]] = []
+def balance(wheels: list[Path], parts: int) -> list[list[Path]]:
+    """Largest first, each into the lightest part so far."""
+    groups: list[tuple[int, list[Path]]] = [(0, []) for _ in range(parts)]
     for wheel in sorted(wheels, key=lambda w: w.stat().st_size, reverse=True):
-        size = wheel.stat().st_size
-        if size > limit:
-            raise SystemExit(f"{wheel.name} alone is {size / 2**20:.1f} MiB, over the limit")
-        for i, (used, members) in enumerate(parts):
-            if used + size <= limit:
-                parts[i] = (used + size, [*members, wheel])
-                break
-        else:
-            parts.append((size, [wheel]))
-    return [members for _, members in parts]
+        i = min(range(parts), key=lambda k: groups[k][0])
+        groups[i] = (groups[i][0] + wheel.stat().st_size, [*groups[i][1], wheel])
+    return [members for _, members in groups if members]
+
+
+def unpacked_archive(wheels: list[Path], out: Path) -> int:
+    """The wheels unpacked as site-packages, as one tar.xz; returns its size."""
+    with tempfile.TemporaryDirectory() as site:
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(site)
+        for data in Path(site).glob("*.data"):  # a wheel's purelib/platlib go to the root
+            for scheme in ("purelib", "platlib"):
+                if (data / scheme).is_dir():
+                    shutil.copytree(data / scheme, site, dirs_exist_ok=True)
+            shutil.rmtree(data)
+        subprocess.run(["tar", "-C", site, "-cf", str(out), "--use-compress-program",
+                        "xz -T0 -6", "."], check=True)
+    return out.stat().st_size
 
 
 def main() -> None:
@@ -95,21 +107,28 @@ def main() -> None:
         wheels = [w for w in Path(tmp).glob("*.whl") if wheel_project(w) not in have]
         skipped = sorted({wheel_project(w) for w in Path(tmp).glob("*.whl")}
                          - {wheel_project(w) for w in wheels})
-        parts = pack(wheels, int(args.part_mib * 2**20))
         if args.out.exists():
             shutil.rmtree(args.out)
-        for number, members in enumerate(parts, 1):
-            folder = args.out / f"part-{number}"
-            folder.mkdir(parents=True)
-            for wheel in members:
-                shutil.copy2(wheel, folder / wheel.name)
-            total = sum(w.stat().st_size for w in members) / 2**20
-            print(f"{folder}: {len(members)} wheels, {total:.1f} MiB: "
-                  + ", ".join(sorted(wheel_project(w) for w in members)))
+        args.out.mkdir(parents=True)
+        limit = int(args.part_mib * 2**20)
+        for count in range(1, 9):
+            groups = balance(wheels, count)
+            sizes = [unpacked_archive(g, args.out / f"site-{n}.tar.xz")
+                     for n, g in enumerate(groups, 1)]
+            if max(sizes) <= limit:
+                break
+            for old in args.out.glob("site-*.tar.xz"):
+                old.unlink()
+        else:
+            raise SystemExit("could not fit the wheels into 8 parts")
+        for n, (group, size) in enumerate(zip(groups, sizes, strict=True), 1):
+            print(f"{args.out}/site-{n}.tar.xz: {size / 2**20:.1f} MiB: "
+                  + ", ".join(sorted(wheel_project(w) for w in group)))
     if skipped:
         print("already on the target: " + ", ".join(skipped))
-    print("install each part there with:\n  python3 -m pip install --no-index --no-deps "
-          "--target /opt/sonic-site part-N/*.whl\nthen: export PYTHONPATH=/opt/sonic-site:$PWD")
+    print("unpack each part there with:\n  mkdir -p /tmp/sonic-site && "
+          "tar -xJf site-N.tar.xz -C /tmp/sonic-site\n"
+          "then: export PYTHONPATH=/tmp/sonic-site:$PWD")
 
 
 if __name__ == "__main__":
