@@ -176,6 +176,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     return {
         "sessions": sessions, "size": size, "served": served,
         "refused": sum("refused" in r for r in results),
+        "refusals": sorted({r["refused"] for r in results if "refused" in r}),
         "fps_min": round(min(fps), 2) if fps else None,
         "fps_median": round(float(np.median(fps)), 2) if fps else None,
         "fps_below_24": sum(f < 24 for f in fps),
@@ -273,7 +274,7 @@ def main() -> None:
                       f"{row['pipeline_delay_ms_p95_worst']!s:>10} "
                       f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
                 print("  ", json.dumps({k: row[k] for k in (
-                    "served", "refused", "fps_below_24", "cpu_per_session", "cpu_by_process",
+                    "served", "refused", "refusals", "fps_below_24", "cpu_per_session", "cpu_by_process",
                     "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
 
 

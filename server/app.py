@@ -17,6 +17,7 @@ from inference.runtimes import VERIFIED, create_engine, resolve_runtime
 from inference.service import Inference, InlineInference
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
+from server.encoding import use_realtime_vp8
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager
@@ -111,6 +112,7 @@ def create_app(settings: Settings, *, connect: Connect = start_inline,
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
+        use_realtime_vp8(settings.video.encoder_speed)
         resolved = runtime or resolve_runtime(settings.engine.runtime)
         log.info("loading %s on %s%s", settings.manifest_path.name, resolved,
                  "" if resolved in VERIFIED else " (UNVERIFIED runtime)")

@@ -74,6 +74,8 @@ class VideoSettings:
     fps: int = setting(25, "frames per second; must be the model's own", low=1, high=120)
     codec: str = setting("VP8", "preferred video codec of the answer when the offer allows it",
                          choices=("VP8", "H264"))
+    encoder_speed: int = setting(12, "VP8 encoder speed (libvpx cpu-used): higher costs less "
+                                 "CPU per frame and looks a little coarser", low=0, high=16)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import fractions
 from typing import Protocol
 
 import av
+import cv2
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
@@ -74,11 +75,12 @@ class SessionVideoTrack(MediaStreamTrack):
         await _sleep_until(clock.video_send_time(index))
         frame = self._source.video_frame(index)
         if frame is not None:
-            self._last, self._last_index = frame, index
+            self._last, self._last_index = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420), index
         elif self._last is None:
-            self._last = self._source.idle_frame()
+            self._last = cv2.cvtColor(self._source.idle_frame(), cv2.COLOR_RGB2YUV_I420)
         self._next = index + 1
-        out = av.VideoFrame.from_ndarray(self._last, format="rgb24")
+        # YUV, converted once per new frame: the encoder then converts nothing.
+        out = av.VideoFrame.from_ndarray(self._last, format="yuv420p")
         out.pts = clock.video_pts(index)
         out.time_base = self._time_base
         self._source.report_video(index, self._last_index, loop.time())
