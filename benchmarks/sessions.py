@@ -22,6 +22,7 @@ import asyncio
 import json
 import math
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -62,6 +63,13 @@ def _processes(url: str, pid: int) -> dict[str, list[int]]:
     return {"front_door": [pid],
             "workers": [w["pid"] for w in health["workers"] if w["pid"]],
             "inference": [p["pid"] for p in health["inference"] if p["pid"]]}
+
+
+def _client_cpu() -> float:
+    """CPU seconds of this process and of its finished client processes."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _gpu_utilisation() -> float | None:
@@ -149,10 +157,13 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     rest = sessions - decoded
     shares = [len(part) for part in np.array_split(np.arange(rest), client_processes)
               if len(part)]
+    started = time.monotonic()
+    clients_before = _client_cpu()
     (wall, cpu), local, *remote = await asyncio.gather(
         monitor(), _clients(url, str(wav), decoded, size, seconds),
         *(_client_process(url, wav, n, size, seconds) for n in shares))
     results = local + [r for chunk in remote for r in chunk]
+    client_cores = (_client_cpu() - clients_before) / (time.monotonic() - started)
     after = await asyncio.to_thread(_metric_sums, url)
     stats = [s["stats"] for s in snapshot]
     fps = [r["fps"] for r in results if "fps" in r]
@@ -188,6 +199,8 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "server_cpu_cores": round(total_cpu, 2),
         "cpu_per_session": round(total_cpu / served, 3) if served else None,
         "cpu_by_process": {k: round(v, 2) for k, v in cpu.items()},
+        # The peers' own CPU, over their whole run: what the server did not have.
+        "client_cpu_cores": round(client_cores, 2),
         "gpu_util_%": round(float(np.mean(gpu)), 1) if gpu else None,
         "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)
         if batches else None,
@@ -233,7 +246,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--client-processes", type=int, default=0,
-                        help="processes the counting peers run in (0: one per 16 sessions)")
+                        help="processes the counting peers run in (0: one per 8 sessions)")
     parser.add_argument("--decoded", type=int, default=1,
                         help="peers that decode their video (the rest count frames)")
     parser.add_argument("--wav", type=Path,
@@ -263,7 +276,7 @@ def main() -> None:
             print(f"{'sessions':>8} {'size':>5} {'fps min':>8} {'fps med':>8} {'cpu':>6} "
                   f"{'delay p50':>10} {'delay p95':>10} {'A/V p95':>8} {'repeat %':>9}")
         for n in args.sessions:
-            processes = args.client_processes or math.ceil(n / 16)
+            processes = args.client_processes or math.ceil(n / 8)
             row = run_point(n, args.size, args.seconds, wav, args.server_args, processes,
                             args.decoded)
             if args.json:
@@ -274,7 +287,8 @@ def main() -> None:
                       f"{row['pipeline_delay_ms_p95_worst']!s:>10} "
                       f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
                 print("  ", json.dumps({k: row[k] for k in (
-                    "served", "refused", "refusals", "fps_below_24", "cpu_per_session", "cpu_by_process",
+                    "served", "refused", "refusals", "fps_below_24", "cpu_per_session",
+                    "cpu_by_process", "client_cpu_cores",
                     "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
 
 

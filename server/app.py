@@ -7,6 +7,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import cv2
 import numpy as np
 from aiohttp import web
 
@@ -113,6 +114,9 @@ def create_app(settings: Settings, *, connect: Connect = start_inline,
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
         use_realtime_vp8(settings.video.encoder_speed)
+        # One frame's colour conversion is too small to share out: OpenCV's thread pool
+        # then spins a thread per core for each frame, in every worker at once.
+        cv2.setNumThreads(1)
         resolved = runtime or resolve_runtime(settings.engine.runtime)
         log.info("loading %s on %s%s", settings.manifest_path.name, resolved,
                  "" if resolved in VERIFIED else " (UNVERIFIED runtime)")

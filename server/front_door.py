@@ -213,8 +213,12 @@ class FrontDoor:
                 continue
             health = json.loads(body)
             sessions = {int(k): v for k, v in health["sessions_by_size"].items()}
-            for size in self._reserved.get(worker.index, []):
-                sessions[size] = sessions.get(size, 0) + 1
+            # Offers placed here and not yet answered, less those the worker already
+            # counts (created, their answer on its way): none is counted twice.
+            answering = {int(k): v for k, v in health["answering_by_size"].items()}
+            for size in set(self._reserved.get(worker.index, [])):
+                extra = self._reserved[worker.index].count(size) - answering.get(size, 0)
+                sessions[size] = sessions.get(size, 0) + max(0, extra)
             out.append(WorkerLoad(worker.index, worker.spec.gpu, sessions,
                                   {int(k): v for k, v in
                                    health["capacity_fps_by_size"].items()}))

@@ -34,6 +34,7 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._peers: dict[str, list[RTCPeerConnection]] = {}
         self._reserved: list[int] = []  # sizes of sessions being created
+        self.answering: list[int] = []  # sizes of created sessions whose offer is answered
 
     def __len__(self) -> int:
         return len(self._sessions)

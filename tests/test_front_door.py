@@ -109,8 +109,9 @@ def test_a_killed_worker_ends_only_its_own_session_and_is_replaced(door, speech_
             health = await asyncio.to_thread(_get, f"{door.url}/healthz")
             pid = next(w["pid"] for w in health["workers"] if w["index"] == 1)
             sessions = (await asyncio.to_thread(_get, f"{door.url}/sessions"))["sessions"]
-            killed.update(pid=pid, at=time.monotonic(), session=next(
-                s["session_id"] for s in sessions if s["worker"] == 1))
+            on_one = [s["session_id"] for s in sessions if s["worker"] == 1]
+            assert len(on_one) == 1, f"expected one session per worker: {sessions}"
+            killed.update(pid=pid, at=time.monotonic(), session=on_one[0])
             os.kill(pid, signal.SIGKILL)
 
         return await asyncio.gather(run_session(door.url, str(speech_wav), seconds=9.0),
