@@ -1,0 +1,45 @@
+"""Where the front door puts a new session: the worker with the least media cost whose
+worker and GPU have room, or a refusal that names the limit reached."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.placement import Limits, Refused, WorkerLoad, engine_loads, place
+
+LIMITS = Limits(max_sessions=10, worker_sessions=4, max_engine_load=0.9, fps=25)
+CAPACITY = {256: 250.0, 512: 100.0}  # frames/s: a 256 session takes 10%, a 512 one 25%
+
+
+def load(index: int, gpu: int = 0, **sessions: int) -> WorkerLoad:
+    return WorkerLoad(index, gpu, {int(k[1:]): n for k, n in sessions.items()}, CAPACITY)
+
+
+def test_the_worker_with_the_least_media_cost_gets_the_session():
+    # A 512 session costs about two 256 ones: three small ones weigh more than one large.
+    assert place([load(0, s256=3), load(1, s512=1)], 256, LIMITS) == 1
+    assert place([load(0, s256=1), load(1, s512=1)], 256, LIMITS) == 0
+    assert place([load(0), load(1)], 512, LIMITS) == 0  # ties go to the lower index
+
+
+def test_each_gpu_has_its_own_engine_load():
+    loads = [load(0, gpu=0, s512=3), load(1, gpu=1, s256=1), load(2, gpu=0)]
+    assert engine_loads(loads, 25) == pytest.approx({0: 0.75, 1: 0.1})
+    # Worker 2 has no sessions, but its GPU could not take another 512 (0.75 + 0.25).
+    assert place(loads, 512, LIMITS) == 1
+
+
+def test_refusals_name_the_limit_reached():
+    with pytest.raises(Refused, match="maximum of 10 sessions"):
+        place([load(0, s256=4), load(1, s256=4), load(2, s256=2)], 256, LIMITS)
+    with pytest.raises(Refused, match="every media worker holds its maximum of 4"):
+        place([load(0, s256=4), load(1, s256=4)], 256, LIMITS)
+    with pytest.raises(Refused, match="max_engine_load"):
+        place([load(0, s512=3), load(1, s256=1)], 512, LIMITS)
+    with pytest.raises(Refused, match="no media worker"):
+        place([], 256, LIMITS)
+
+
+def test_an_engine_not_yet_measured_does_not_refuse():
+    unmeasured = WorkerLoad(0, 0, {512: 3}, {})
+    assert place([unmeasured], 512, LIMITS) == 0
