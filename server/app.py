@@ -12,7 +12,6 @@ import numpy as np
 from aiohttp import web
 
 from inference.engine import FrameInput, Manifest
-from inference.inference_process import EngineProcess
 from inference.features import log_mel
 from inference.runtimes import VERIFIED, create_engine, resolve_runtime
 from inference.service import Inference, InlineInference

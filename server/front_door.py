@@ -397,7 +397,7 @@ async def one_session(request: web.Request) -> web.Response:
     headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
     answers = await door.ask_all(request.method, request.rel_url.path, data=body,
                                  headers=headers)
-    for worker, status, answer, answer_headers in answers:
+    for _, status, answer, answer_headers in answers:
         if status != 404:
             return _relay(status, answer, answer_headers)
     if answers:

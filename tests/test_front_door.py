@@ -18,10 +18,9 @@ import aiohttp
 import numpy as np
 import pytest
 from PIL import Image
+from test_webrtc_session import _audio_envelope_at, _frame_centres, _get, _mouth_box, _mouth_signal
 
 from server.client import Received, run_session
-from test_webrtc_session import (_audio_envelope_at, _frame_centres, _get, _mouth_box,
-                                 _mouth_signal)
 
 
 @pytest.fixture(scope="module")

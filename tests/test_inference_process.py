@@ -12,9 +12,13 @@ import numpy as np
 import pytest
 
 from inference.engine import FrameInput, Manifest, PreparedPortrait
-from inference.inference_process import (EngineProcess, InferenceProcessError,
-                                         RemoteInference, unlink_ring)
 from inference.images import load_default_avatar
+from inference.inference_process import (
+    EngineProcess,
+    InferenceProcessError,
+    RemoteInference,
+    unlink_ring,
+)
 from inference.portrait import prepare_portrait
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 
