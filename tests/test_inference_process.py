@@ -122,11 +122,12 @@ async def test_one_batch_spans_two_workers_and_a_leaving_worker_frees_its_portra
         assert a != b
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
-        # Submitted together, both workers' frames are ready at once: one batch of 8.
+        # Submitted together, both workers' frames are ready at once: a batch of more than
+        # one worker's 4 frames spans both.
         results = await asyncio.gather(*(first.submit(f, deadline) for f in frames(a, 4)),
                                        *(second.submit(f, deadline) for f in frames(b, 4)))
         assert all(r is not None for r in results)
-        assert max(batches) == 8, batches
+        assert max(batches) > 4, batches
         # The same inputs on the same portrait give the same frames, whichever worker.
         for x, y in zip(results[:4], results[4:], strict=True):
             np.testing.assert_array_equal(x.frame, y.frame)
