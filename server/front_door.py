@@ -305,6 +305,7 @@ async def healthz(request: web.Request) -> web.Response:
     fps = settings.video.fps
     capacity = {load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}
     workers = {load.index: load for load in loads}
+    gpu_loads = engine_loads(loads, fps)
     return web.json_response({
         "status": "ok" if loads else "starting",
         "sessions": sum(load.count for load in loads),
@@ -314,7 +315,9 @@ async def healthz(request: web.Request) -> web.Response:
         "capacity_fps": round(sum(capacity.values()), 1),
         "session_capacity": min(settings.session.max_sessions, int(sum(
             c * settings.session.max_engine_load // fps for c in capacity.values()))),
-        "engine_load": {str(g): round(v, 3) for g, v in engine_loads(loads, fps).items()},
+        # The busiest GPU's share of its engine's capacity (one GPU: as a single server).
+        "engine_load": round(max(gpu_loads.values(), default=0.0), 3),
+        "engine_load_by_gpu": {str(g): round(v, 3) for g, v in gpu_loads.items()},
         "frame_size": size,
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
                      "sessions": workers[w.index].count if w.index in workers else None}
