@@ -26,11 +26,10 @@ import multiprocessing
 import os
 import secrets
 import shutil
-import signal
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -38,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from inference.child_process import ChildProcess, ChildProcessError, until_stopped
 from inference.engine import FrameInput, Manifest, PreparedPortrait
 from inference.scheduler import FrameResult
+from inference.service import InferenceConfig, start_inline
 
 log = logging.getLogger(__name__)
 
@@ -95,19 +96,6 @@ class InferenceProcessError(RuntimeError):
     """The inference process failed to start, refused a call, or died."""
 
 
-@dataclass(frozen=True)
-class InferenceConfig:
-    """What the inference process builds its engine and scheduler from."""
-
-    runtime: str
-    manifest_path: str
-    engine_opts: dict[str, Any] = field(default_factory=dict)
-    max_batch: int = 0
-    max_wait_ms: float = 5.0
-    max_pending: int = 256
-    device: int | None = None  # the CUDA device it owns (CUDA_VISIBLE_DEVICES)
-
-
 def unlink_ring(name: str) -> bool:
     """Remove a ring whose worker died without removing it; False if it was gone."""
     try:
@@ -136,97 +124,41 @@ class InferenceProcess:
         self.address = address
         self.authkey = authkey
         self.max_batch = config.max_batch
-        self._on_batch = on_batch or (lambda size, seconds: None)
-        self._on_drop = on_drop or (lambda reason: None)
-        self._on_exit = on_exit or (lambda code: None)
-        self._start_timeout = start_timeout_s
-        self._conn: Connection | None = None
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._ready: asyncio.Future[int] | None = None
-        self._stopping = False
+        on_batch = on_batch or (lambda size, seconds: None)
+        on_drop = on_drop or (lambda reason: None)
+
+        def on_message(message: tuple[Any, ...]) -> None:
+            if message[0] == "batch":
+                on_batch(message[1], message[2])
+            elif message[0] == "drop":
+                on_drop(message[1])
+
+        self.child = ChildProcess(f"inference-{config.device or 0}", _serve,
+                                  (config, address, authkey), on_message=on_message,
+                                  on_exit=on_exit, start_timeout_s=start_timeout_s)
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        return self.child.pid
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
+        return self.child.alive
 
     async def start(self) -> int:
         """Start it and wait until its engine is loaded; returns its batch size."""
-        loop = asyncio.get_running_loop()
-        context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
-        self._conn, child = context.Pipe()
-        self._process = context.Process(
-            target=_child_main, name=f"inference-{self.config.device or 0}", daemon=True,
-            args=(child, self.config, self.address, self.authkey))
-        self._stopping = False
-        self._process.start()
-        child.close()
-        self._ready = loop.create_future()
-        loop.add_reader(self._conn.fileno(), self._on_readable)
         try:
-            self.max_batch = await asyncio.wait_for(self._ready, self._start_timeout)
-        except BaseException:
-            await self.stop()
-            raise
+            self.max_batch = int(await self.child.start())
+        except ChildProcessError as exc:
+            raise InferenceProcessError(str(exc)) from exc
         return self.max_batch
 
     async def stop(self) -> None:
-        self._stopping = True
-        if self._conn is not None:
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
-            try:
-                self._conn.send(("stop",))
-            except OSError:
-                pass
-        if self._process is not None:
-            await asyncio.to_thread(self._process.join, 10)
-            if self._process.is_alive():
-                self._process.kill()
-                await asyncio.to_thread(self._process.join, 5)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(InferenceProcessError("the inference process stopped"))
+        await self.child.stop()
 
     def kill(self) -> None:
         """End it at once, as a crash would (for tests of recovery)."""
-        if self._process is not None and self._process.pid is not None:
-            os.kill(self._process.pid, signal.SIGKILL)
-
-    def _on_readable(self) -> None:
-        conn = self._conn
-        try:
-            while conn is not None and conn.poll():
-                message = conn.recv()
-                kind = message[0]
-                if kind == "batch":
-                    self._on_batch(message[1], message[2])
-                elif kind == "drop":
-                    self._on_drop(message[1])
-                elif kind == "ready" and self._ready is not None and not self._ready.done():
-                    self._ready.set_result(message[1])
-        except (EOFError, OSError):
-            self._exited()
-
-    def _exited(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._conn is not None:
-            loop.remove_reader(self._conn.fileno())
-            self._conn.close()
-            self._conn = None
-        if self._process is not None:
-            self._process.join(1)
-        code = self._process.exitcode if self._process is not None else None
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(InferenceProcessError(
-                f"the inference process exited while starting (exit code {code})"))
-        elif not self._stopping:
-            log.error("the inference process died (exit code %s)", code)
-            self._on_exit(code)
+        self.child.kill()
 
 
 # ---------------------------------------------------------------------- a worker's client
@@ -457,17 +389,6 @@ class EngineProcess(RemoteInference):
 
 
 # ---------------------------------------------------------------------- the process itself
-def _child_main(control: Connection, config: InferenceConfig, address: str,
-                authkey: bytes) -> None:
-    # Ctrl-C reaches the whole process group: the front door decides when this one stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if config.device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(config.device)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
-    asyncio.run(_serve(control, config, address, authkey))
-
-
 class _Worker:
     """One connected media worker: its ring, its portraits and its frames in flight."""
 
@@ -596,7 +517,6 @@ class _Server:
         self.control = control
         self.config = config
         self.loop = asyncio.get_running_loop()
-        self.stopped = asyncio.Event()
         self.sizes: set[int] = set()
         self.workers: set[_Worker] = set()
         self.service: Any = None  # InlineInference, once the engine is loaded
@@ -605,8 +525,8 @@ class _Server:
     def tell_front_door(self, message: tuple[Any, ...]) -> None:
         try:
             self.control.send(message)
-        except OSError:  # the front door is gone
-            self.stopped.set()
+        except OSError:  # the front door is gone; until_stopped ends this process
+            pass
 
     def capacity(self) -> dict[int, float]:
         return {s: self.service.capacity_fps(s) for s in self.sizes}
@@ -618,15 +538,6 @@ class _Server:
             figures = self.capacity()
             for worker in list(self.workers):
                 worker.send(("capacity", figures))
-
-    def on_control(self) -> None:
-        try:
-            while self.control.poll():
-                if self.control.recv()[0] == "stop":
-                    self.stopped.set()
-                    return
-        except (EOFError, OSError):
-            self.stopped.set()
 
     def accept_forever(self, listener: Listener) -> None:
         """On a thread: the handshake blocks, and a bad key must not stop the loop."""
@@ -641,17 +552,9 @@ class _Server:
             self.loop.call_soon_threadsafe(lambda c=conn: self.workers.add(_Worker(c, self)))
 
     async def run(self, address: str, authkey: bytes) -> None:
-        from inference.runtimes import create_engine
-        from inference.service import InlineInference
-
-        config = self.config
-        engine = await asyncio.to_thread(create_engine, config.runtime, config.manifest_path,
-                                         **config.engine_opts)
-        self.service = InlineInference(
-            engine, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms,
-            max_pending=config.max_pending, on_batch=self.on_batch,
+        self.service = await start_inline(
+            self.config, on_batch=self.on_batch,
             on_drop=lambda reason: self.tell_front_door(("drop", reason)))
-        await self.service.start()
         gc.collect()
         gc.freeze()  # a full collection over the engine's start-up objects would stall batches
         if os.path.exists(address):
@@ -659,10 +562,8 @@ class _Server:
         listener = Listener(address, "AF_UNIX", authkey=authkey)
         threading.Thread(target=self.accept_forever, args=(listener,), name="accept",
                          daemon=True).start()
-        self.loop.add_reader(self.control.fileno(), self.on_control)
         self.tell_front_door(("ready", self.service.max_batch))
-        await self.stopped.wait()
-        self.loop.remove_reader(self.control.fileno())
+        await until_stopped(self.control)
         listener.close()
         for worker in list(self.workers):
             worker.disconnect()
@@ -671,4 +572,6 @@ class _Server:
 
 async def _serve(control: Connection, config: InferenceConfig, address: str,
                  authkey: bytes) -> None:
+    if config.device is not None:  # before the runtime imports CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(config.device)
     await _Server(control, config).run(address, authkey)

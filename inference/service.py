@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from inference.engine import Engine, FrameInput, Manifest, PreparedPortrait
+from inference.runtimes import create_engine
 from inference.scheduler import FrameResult, Scheduler
 
 #: On the CPU a batch costs its frames' sum: larger ones only add latency.
@@ -53,6 +55,19 @@ class Inference(Protocol):
     def capacity_fps(self, frame_size: int) -> float: ...
 
 
+@dataclass(frozen=True)
+class InferenceConfig:
+    """What the shared scheduler and its engine are built from, in whichever process."""
+
+    runtime: str
+    manifest_path: str
+    engine_opts: dict[str, Any] = field(default_factory=dict)
+    max_batch: int = 0
+    max_wait_ms: float = 5.0
+    max_pending: int = 256
+    device: int | None = None  # the CUDA device an inference process owns
+
+
 class InlineInference:
     """The shared scheduler and the engine in this process, the engine on its own thread."""
 
@@ -89,3 +104,17 @@ class InlineInference:
 
     def capacity_fps(self, frame_size: int) -> float:
         return self.scheduler.capacity_fps(frame_size)
+
+
+async def start_inline(config: InferenceConfig, *,
+                       on_batch: Callable[[int, float], None] | None = None,
+                       on_drop: Callable[[str], None] | None = None) -> InlineInference:
+    """Load the engine (off the loop) and start its scheduler on this process's loop."""
+    engine = await asyncio.to_thread(create_engine, config.runtime, config.manifest_path,
+                                     **config.engine_opts)
+    inference = InlineInference(engine, max_batch=config.max_batch,
+                                max_wait_ms=config.max_wait_ms,
+                                max_pending=config.max_pending, on_batch=on_batch,
+                                on_drop=on_drop)
+    await inference.start()
+    return inference

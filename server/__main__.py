@@ -6,6 +6,7 @@ import logging
 
 from aiohttp import web
 
+from inference.child_process import LOG_FORMAT
 from server.app import create_app
 from server.config import parse_args
 from server.front_door import create_front_door
@@ -14,7 +15,7 @@ from server.front_door import create_front_door
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
     logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+                        format=LOG_FORMAT)
     for noisy in ("aioice", "aiortc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     log = logging.getLogger("server")

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from inference.engine import FrameInput, Manifest
 from inference.features import log_mel
-from inference.runtimes import VERIFIED, create_engine, resolve_runtime
-from inference.service import Inference, InlineInference
+from inference.runtimes import VERIFIED, resolve_runtime
+from inference.service import Inference, InferenceConfig, start_inline
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
 from server.encoding import use_realtime_vp8
@@ -83,21 +83,23 @@ def check_model(settings: Settings, manifest: Manifest) -> None:
 Connect = Callable[[Settings, Metrics], Awaitable[Inference]]
 
 
-async def start_inline(settings: Settings, metrics: Metrics) -> Inference:
-    """The shared scheduler and the engine on a thread of this process."""
-    runtime = resolve_runtime(settings.engine.runtime)
+def inference_config(settings: Settings, runtime: str, device: int | None = None
+                     ) -> InferenceConfig:
+    """The shared scheduler and engine as the settings ask, on ``runtime``."""
     opts = {"intra_op_threads": settings.engine.intra_op_threads} \
         if runtime == "onnxruntime" else {}
-    engine = await asyncio.to_thread(create_engine, runtime, settings.manifest_path, **opts)
-    inference = InlineInference(engine, max_batch=settings.scheduler.max_batch,
-                                max_wait_ms=settings.scheduler.max_wait_ms,
-                                max_pending=4 * settings.session.max_sessions + 8,
-                                on_batch=metrics.on_batch, on_drop=metrics.on_drop)
-    await inference.start()
-    return inference
+    return InferenceConfig(runtime, str(settings.manifest_path), opts,
+                           settings.scheduler.max_batch, settings.scheduler.max_wait_ms,
+                           max_pending=4 * settings.session.max_sessions + 8, device=device)
 
 
-def create_app(settings: Settings, *, connect: Connect = start_inline,
+async def connect_inline(settings: Settings, metrics: Metrics) -> Inference:
+    """The shared scheduler and the engine on a thread of this process."""
+    config = inference_config(settings, resolve_runtime(settings.engine.runtime))
+    return await start_inline(config, on_batch=metrics.on_batch, on_drop=metrics.on_drop)
+
+
+def create_app(settings: Settings, *, connect: Connect = connect_inline,
                runtime: str | None = None) -> web.Application:
     """One whole server, or one media worker of many: ``connect`` gives it its inference
     (by default the engine on a thread of this process); ``runtime`` is the one the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,16 +25,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from inference.engine import Manifest
-from inference.inference_process import InferenceConfig, InferenceProcess, unlink_ring
+from inference.inference_process import InferenceProcess, unlink_ring
 from inference.runtimes import VERIFIED, cuda_device_count, resolve_runtime
-from server.app import STATIC_DIR, check_model
+from server.app import STATIC_DIR, check_model, inference_config
 from server.config import Settings
-from server.metrics import CONTENT_TYPE, FrontDoorMetrics
+from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
 from server.placement import Limits, Refused, WorkerLoad, engine_loads, place
 from server.signalling import at_capacity, config_body, fail, json_errors
 from server.state import metrics_key, settings_key
@@ -77,26 +75,22 @@ class FrontDoor:
         self.workers: list[WorkerProcess] = []
         self._generation = collections.Counter[int]()
         self._failures = collections.Counter[str]()
-        self._reserved: dict[int, list[int]] = {}  # worker -> sizes of offers in flight
+        # Per worker, the frame sides of the offers placed on it and not yet answered.
+        self._reserved = collections.defaultdict[int, collections.Counter[int]](
+            collections.Counter)
         self._placing = asyncio.Lock()
-        self._uploads: collections.OrderedDict[str, tuple[bytes, str, dict[str, str]]] = \
-            collections.OrderedDict()
+        self._uploads: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     # ------------------------------------------------------------------ life cycle
     def _inference_process(self, gpu: int) -> InferenceProcess:
-        settings = self.settings
-        opts = {"intra_op_threads": settings.engine.intra_op_threads} \
-            if self.runtime == "onnxruntime" else {}
-        config = InferenceConfig(
-            self.runtime, str(settings.manifest_path), opts, settings.scheduler.max_batch,
-            settings.scheduler.max_wait_ms, 4 * settings.session.max_sessions + 8,
-            device=gpu if self.runtime in ("torch-cuda", "tensorrt") else None)
-        return InferenceProcess(config, os.path.join(self._dir, f"inference-{gpu}.sock"),
-                                self._authkey, on_batch=self.metrics.on_batch,
-                                on_drop=self.metrics.on_drop,
-                                on_exit=lambda code, g=gpu: self._inference_died(g, code))
+        on_gpu = self.runtime in ("torch-cuda", "tensorrt")
+        return InferenceProcess(
+            inference_config(self.settings, self.runtime, device=gpu if on_gpu else None),
+            os.path.join(self._dir, f"inference-{gpu}.sock"), self._authkey,
+            on_batch=self.metrics.on_batch, on_drop=self.metrics.on_drop,
+            on_exit=lambda code, g=gpu: self._inference_died(g, code))
 
     def _worker_process(self, index: int) -> WorkerProcess:
         self._generation[index] += 1
@@ -176,8 +170,7 @@ class FrontDoor:
 
     async def _restart_gpu(self, gpu: int) -> None:
         mine = [w for w in self.workers if w.spec.gpu == gpu]
-        for worker in mine:  # their sessions can make no more frames: end them cleanly
-            worker.ready = False
+        # Their sessions can make no more frames: end them cleanly.
         await asyncio.gather(*(w.stop() for w in mine))
         await self._pause_before_restart(f"inference-{gpu}")
         process = self._inference_process(gpu)
@@ -216,44 +209,39 @@ class FrontDoor:
             # Offers placed here and not yet answered, less those the worker already
             # counts (created, their answer on its way): none is counted twice.
             answering = {int(k): v for k, v in health["answering_by_size"].items()}
-            for size in set(self._reserved.get(worker.index, [])):
-                extra = self._reserved[worker.index].count(size) - answering.get(size, 0)
-                sessions[size] = sessions.get(size, 0) + max(0, extra)
+            for size, placed in self._reserved[worker.index].items():
+                sessions[size] = sessions.get(size, 0) + max(0, placed - answering.get(size, 0))
             out.append(WorkerLoad(worker.index, worker.spec.gpu, sessions,
                                   {int(k): v for k, v in
                                    health["capacity_fps_by_size"].items()}))
         return out
 
     async def _replay_uploads(self, worker: WorkerProcess) -> None:
-        for body, content_type, query in list(self._uploads.values()):
+        for upload in list(self._uploads.values()):
             try:
-                await worker.request("POST", "/avatars", data=body, params=query,
-                                     headers={"Content-Type": content_type})
+                await worker.request("POST", "/avatars", **upload)
             except OSError as exc:
                 log.warning("worker %d: replaying an avatar upload failed: %s",
                             worker.index, exc)
 
-    def remember_upload(self, avatar_id: str, body: bytes, content_type: str,
-                        query: dict[str, str]) -> None:
+    def remember_upload(self, avatar_id: str, upload: dict[str, Any]) -> None:
         """Kept so a replacement worker knows the avatars its predecessor knew."""
-        self._uploads[avatar_id] = (body, content_type, query)
+        self._uploads[avatar_id] = upload
         self._uploads.move_to_end(avatar_id)
         while len(self._uploads) > self.settings.avatar.max_avatars:
             self._uploads.popitem(last=False)
 
-    def _reserve(self, index: int, size: int) -> None:
-        self._reserved.setdefault(index, []).append(size)
-
-    def _unreserve(self, index: int, size: int) -> None:
-        self._reserved[index].remove(size)
-
-    async def place(self, size: int) -> WorkerProcess:
-        """A worker for a new session, its place reserved until its offer is answered;
-        raises ``Refused``."""
+    @contextlib.asynccontextmanager
+    async def placed(self, size: int) -> AsyncIterator[WorkerProcess]:
+        """A worker for a new session, its place reserved while the offer is answered
+        there; raises ``Refused``."""
         async with self._placing:
             index = place(await self.loads(), size, self.limits)
-            self._reserve(index, size)
-        return self.workers[index]
+            self._reserved[index][size] += 1
+        try:
+            yield self.workers[index]
+        finally:
+            self._reserved[index][size] -= 1
 
 
 front_door_key: web.AppKey[FrontDoor] = web.AppKey("front_door", FrontDoor)
@@ -268,13 +256,17 @@ def _relay(status: int, body: bytes, headers: dict[str, str]) -> web.Response:
     return web.Response(status=status, body=body, headers=kept)
 
 
+async def _outgoing(request: web.Request) -> dict[str, Any]:
+    """The request's body, query and content type, to send on to a worker."""
+    return {"data": await request.read(), "params": dict(request.rel_url.query),
+            "headers": {"Content-Type": request.headers.get("Content-Type",
+                                                            "application/octet-stream")}}
+
+
 async def _forward(worker: WorkerProcess, request: web.Request) -> web.Response:
-    body = await request.read()
-    headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
     try:
         return _relay(*await worker.request(request.method, request.rel_url.path,
-                                            params=request.rel_url.query, data=body,
-                                            headers=headers))
+                                            **await _outgoing(request)))
     except OSError as exc:
         fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: {exc}")
 
@@ -332,28 +324,11 @@ async def metrics(request: web.Request) -> web.Response:
     """The front door's own metrics (engine batches, placement, restarts) and every
     worker's (sessions, frames, delays), each sample labelled with its ``process``."""
     door = _door(request)
-    families: dict[str, Metric] = {}
-
-    def add(text: str, process: str) -> None:
-        for family in text_string_to_metric_families(text):
-            merged = families.setdefault(family.name, Metric(
-                family.name, family.documentation, family.type, family.unit))
-            for sample in family.samples:
-                merged.samples.append(sample._replace(
-                    labels={**sample.labels, "process": process}))
-
-    add(door.metrics.render().decode(), "front-door")
-    for worker, status, body, _ in await door.ask_all("GET", "/metrics"):
-        if status == 200:
-            add(body.decode(), f"worker-{worker.index}")
-
-    class Merged:
-        def collect(self) -> list[Metric]:
-            return list(families.values())
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Merged())  # type: ignore[arg-type]
-    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+    sources = [("front-door", door.metrics.render().decode())]
+    sources += [(f"worker-{worker.index}", body.decode())
+                for worker, status, body, _ in await door.ask_all("GET", "/metrics")
+                if status == 200]
+    return web.Response(body=merge_expositions(sources), headers={"Content-Type": CONTENT_TYPE})
 
 
 @routes.post("/offer")
@@ -370,14 +345,11 @@ async def offer(request: web.Request) -> web.Response:
     if size not in door.settings.video.allowed_sizes:
         size = door.settings.video.size  # the worker names the problem
     try:
-        worker = await door.place(int(size))
+        async with door.placed(int(size)) as worker:
+            response = await _forward(worker, request)
     except Refused as exc:
         door.metrics.admissions.labels(decision="refused").inc()
         at_capacity(str(exc))
-    try:
-        response = await _forward(worker, request)
-    finally:
-        door._unreserve(worker.index, int(size))
     door.metrics.admissions.labels(decision="placed" if response.status == 200
                                    else f"worker_{response.status}").inc()
     return response
@@ -395,11 +367,8 @@ async def list_sessions(request: web.Request) -> web.Response:
 @routes.route("*", "/sessions/{session_id}")
 async def one_session(request: web.Request) -> web.Response:
     """Whichever worker holds it answers; the others say 404."""
-    door = _door(request)
-    body = await request.read()
-    headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-    answers = await door.ask_all(request.method, request.rel_url.path, data=body,
-                                 headers=headers)
+    answers = await _door(request).ask_all(request.method, request.rel_url.path,
+                                           **await _outgoing(request))
     for _, status, answer, answer_headers in answers:
         if status != 404:
             return _relay(status, answer, answer_headers)
@@ -430,16 +399,13 @@ async def upload_avatar(request: web.Request) -> web.Response:
     door = _door(request)
     if not door.live_workers():
         at_capacity("no media worker is running (one is being replaced)")
-    body = await request.read()
-    content_type = request.headers.get("Content-Type", "application/octet-stream")
-    query = dict(request.rel_url.query)
-    answers = await door.ask_all("POST", "/avatars", data=body, params=query,
-                                 headers={"Content-Type": content_type})
+    upload = await _outgoing(request)
+    answers = await door.ask_all("POST", "/avatars", **upload)
     if not answers:
         fail(502, "worker_unavailable", "no media worker answered the upload")
     _, status, answer, headers = max(answers, key=lambda a: a[1])  # the worst answer
     if status == 201:
-        door.remember_upload(json.loads(answer)["avatar_id"], body, content_type, query)
+        door.remember_upload(json.loads(answer)["avatar_id"], upload)
     return _relay(status, answer, headers)
 
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 DELAY_BUCKETS = (0.04, 0.06, 0.08, 0.1, 0.12, 0.14, 0.16, 0.18, 0.2, 0.25, 0.3, 0.4, 0.6, 1.0)
 OFFSET_BUCKETS = (-0.08, -0.04, -0.02, -0.01, -0.005, 0.0, 0.005, 0.01, 0.02, 0.04, 0.08)
@@ -77,4 +79,24 @@ class FrontDoorMetrics(Metrics):
                                           registry=r)
 
 
-__all__ = ["CONTENT_TYPE", "FrontDoorMetrics", "Metrics"]
+def merge_expositions(sources: list[tuple[str, str]]) -> bytes:
+    """Several processes' metrics (``(process, exposition text)``) as one exposition:
+    one family per name, each sample labelled with the ``process`` it came from."""
+    families: dict[str, Metric] = {}
+    for process, text in sources:
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(
+                family.name, family.documentation, family.type, family.unit))
+            merged.samples += [sample._replace(labels={**sample.labels, "process": process})
+                               for sample in family.samples]
+
+    class Merged:
+        def collect(self) -> list[Metric]:
+            return list(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Merged())  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+__all__ = ["CONTENT_TYPE", "FrontDoorMetrics", "Metrics", "merge_expositions"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import uuid
 from typing import Any
@@ -34,7 +35,6 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._peers: dict[str, list[RTCPeerConnection]] = {}
         self._reserved: list[int] = []  # sizes of sessions being created
-        self.answering: list[int] = []  # sizes of created sessions whose offer is answered
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -48,12 +48,12 @@ class SessionManager:
         """Share of the engine's measured capacity the live sessions need at full frame rate."""
         return sum(self._frame_cost(s.avatar.size) for s in self._sessions.values())
 
-    def count_by_size(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for session in self._sessions.values():
-            key = str(session.avatar.size)
-            counts[key] = counts.get(key, 0) + 1
-        return counts
+    def count_by_size(self, *, answering: bool = False) -> dict[str, int]:
+        """Live sessions by frame side; with ``answering``, only those whose offer is still
+        being answered (no peer yet)."""
+        return dict(collections.Counter(
+            str(session.avatar.size) for session_id, session in self._sessions.items()
+            if not answering or not self._peers.get(session_id)))
 
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)

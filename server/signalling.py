@@ -118,8 +118,7 @@ async def healthz(request: web.Request) -> web.Response:
         "sessions_by_size": state.sessions.count_by_size(),
         # Of those, sessions whose offer is still being answered: the front door counts
         # them as its own reservations until then.
-        "answering_by_size": {str(size): state.sessions.answering.count(size)
-                              for size in set(state.sessions.answering)},
+        "answering_by_size": state.sessions.count_by_size(answering=True),
         "capacity_fps_by_size": {str(s): round(state.inference.capacity_fps(s), 1)
                                  for s in state.settings.video.allowed_sizes},
     })
@@ -183,7 +182,6 @@ async def offer(request: web.Request) -> web.Response:
     except AtCapacity as exc:
         at_capacity(str(exc))
 
-    state.sessions.answering.append(int(size))
     try:
         pc = await answer_offer(session, sdp, ice=state.settings.ice,
                                 codec=state.settings.video.codec, on_gone=session.close_soon)
@@ -191,8 +189,6 @@ async def offer(request: web.Request) -> web.Response:
         await session.close("offer rejected")
         log.info("offer rejected: %s", exc)
         fail(400, "bad_offer", f"the offer could not be answered: {exc}")
-    finally:
-        state.sessions.answering.remove(int(size))
     state.sessions.add_peer(session, pc)
     return web.json_response({"sdp": pc.localDescription.sdp,
                               "type": pc.localDescription.type,

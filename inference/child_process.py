@@ -1,0 +1,153 @@
+"""A spawned child process with a control pipe, for the front door's inference processes
+and media workers alike.
+
+The parent starts it and waits for its ``("ready", value)``, hears its other messages,
+asks it to stop (killing it if it does not within 10 s), and learns when it dies
+unasked. The child runs an async ``main(control, *args)`` that ends on ``stop`` or when
+the parent goes away (``until_stopped``), so no child outlives its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+STOP_TIMEOUT_S = 10.0
+
+
+class ChildProcessError(RuntimeError):
+    """The child exited before it was ready."""
+
+
+class ChildProcess:
+    def __init__(self, name: str, main: Callable[..., Awaitable[None]], args: tuple[Any, ...],
+                 *, on_message: Callable[[tuple[Any, ...]], None] | None = None,
+                 on_exit: Callable[[int | None], None] | None = None,
+                 start_timeout_s: float = 600.0) -> None:
+        self.name = name
+        self._main = main
+        self._args = args
+        self._on_message = on_message or (lambda message: None)
+        self._on_exit = on_exit or (lambda code: None)
+        self._start_timeout = start_timeout_s
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._ready: asyncio.Future[Any] | None = None
+        self._stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode if self._process is not None else None
+
+    async def start(self) -> Any:
+        """Spawn it (no inherited threads or CUDA state) and wait until it says it is
+        ready; returns what it said."""
+        loop = asyncio.get_running_loop()
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_run_child, name=self.name, daemon=True,
+                                        args=(self._main, child, *self._args))
+        self._stopping = False
+        self._process.start()
+        child.close()
+        self._ready = loop.create_future()
+        loop.add_reader(self._conn.fileno(), self._on_readable)
+        try:
+            return await asyncio.wait_for(self._ready, self._start_timeout)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Ask it to end; kill it if it has not within ``STOP_TIMEOUT_S``."""
+        self._stopping = True
+        if self._conn is not None:
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            try:
+                self._conn.send(("stop",))
+            except OSError:
+                pass
+        if self._process is not None:
+            await asyncio.to_thread(self._process.join, STOP_TIMEOUT_S)
+            if self._process.is_alive():
+                self._process.kill()
+                await asyncio.to_thread(self._process.join, 5)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(ChildProcessError(f"{self.name} was stopped"))
+
+    def kill(self) -> None:
+        """End it at once, as a crash would."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def _on_readable(self) -> None:
+        conn = self._conn
+        try:
+            while conn is not None and conn.poll():
+                message = conn.recv()
+                if message[0] == "ready":
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_result(message[1])
+                else:
+                    self._on_message(message)
+        except (EOFError, OSError):
+            self._exited()
+
+    def _exited(self) -> None:
+        if self._conn is not None:
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            self._process.join(1)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(ChildProcessError(
+                f"{self.name} exited while starting (exit code {self.exitcode})"))
+        elif not self._stopping:
+            self._on_exit(self.exitcode)
+
+
+def _run_child(main: Callable[..., Awaitable[None]], control: Connection, *args: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to act on
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    asyncio.run(main(control, *args))
+
+
+async def until_stopped(control: Connection) -> None:
+    """Return when the parent says ``stop`` or is gone, or on SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+
+    def on_control() -> None:
+        try:
+            while control.poll():
+                if control.recv()[0] == "stop":
+                    stopped.set()
+        except (EOFError, OSError):
+            stopped.set()
+
+    loop.add_reader(control.fileno(), on_control)
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)  # as an orderly stop
+    try:
+        await stopped.wait()
+    finally:
+        loop.remove_reader(control.fileno())
+        loop.remove_signal_handler(signal.SIGTERM)
