@@ -1,12 +1,12 @@
 """VP8 tuned for rendered video (the tracks hand it frames already in YUV).
 
-A session's video was most of its CPU. Measured per 512x512 frame on one core
-(BENCHMARKS.md): aiortc's own path took 4.3 ms, of which 1.5 ms was its RGB to YUV
-conversion (swscale) and most of the rest libvpx's noise filter, which only blurs frames
-that a model rendered free of noise (PSNR at 500 kbps: 37.9 dB with it, 39.9 dB without).
-OpenCV converts the colour in 0.26 ms, and VP8 without the filter encodes in about
-0.6 ms. aiortc has no way to pass encoder options, so ``use_realtime_vp8`` replaces its
-VP8 encoder factory for this process.
+A session's video was most of its CPU. aiortc converts RGB to YUV with swscale and runs
+libvpx with its noise filter, which only blurs frames a model rendered free of noise.
+Converting with OpenCV (once per new frame, in the track) and encoding without the filter
+halved the cost per 512x512 frame, 3.7 to 1.9 ms, and raised PSNR at 500 kbit/s from 37.7
+to 39.6 dB (``python -m benchmarks.encoding``, BENCHMARKS.md). aiortc has no way to pass
+encoder options, so ``use_realtime_vp8`` replaces its VP8 encoder factory for this
+process.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""Video encoding cost per frame: aiortc's own VP8 path against the server's.
+
+Encodes 100 frames of the default portrait (moving, with a changing mouth patch) at one
+size, one thread, and prints CPU ms per frame (colour conversion included) and PSNR of
+the decoded frames at a fixed bitrate. aiortc's path converts RGB to YUV with swscale and
+runs libvpx with its noise filter; the server converts once with OpenCV and encodes with
+``server.encoding.RealtimeVp8Encoder``'s settings.
+
+    python -m benchmarks.encoding --size 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import fractions
+import time
+
+import av
+import cv2
+import numpy as np
+from aiortc.codecs import vpx
+
+from inference.images import load_default_avatar
+from inference.portrait import prepare_portrait
+from server.encoding import RealtimeVp8Encoder
+
+
+def _frames(size: int, count: int = 100) -> list[np.ndarray]:
+    image = prepare_portrait(load_default_avatar(), size=size).image
+    out = []
+    for i in range(count):
+        frame = np.roll(image, int(4 * np.sin(i / 5)), axis=0).copy()
+        frame[size * 6 // 10:size * 6 // 10 + size // 16, size * 4 // 10:size * 6 // 10] = \
+            (i * 3) % 255
+        out.append(frame)
+    return out
+
+
+def _run(encoder: vpx.Vp8Encoder, frames: list[np.ndarray], convert: str
+         ) -> tuple[float, float, float]:
+    """CPU ms per frame, kbit/s, PSNR (dB) of what decodes."""
+    decoder = av.CodecContext.create("libvpx", "r")
+    decoded, sent = [], 0
+    cpu = 0.0
+    for i, rgb in enumerate(frames):
+        start = time.process_time()
+        if convert == "opencv":
+            frame = av.VideoFrame.from_ndarray(cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420),
+                                               format="yuv420p")
+        else:  # the encoder converts (swscale), as aiortc does with RGB frames
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        frame.pts, frame.time_base = i, fractions.Fraction(1, 25)
+        payloads, _ = encoder.encode(frame, force_keyframe=i == 0)
+        cpu += time.process_time() - start
+        data = b"".join(vpx.vp8_depayload(p) for p in payloads)
+        sent += len(data)
+        decoded += [f.to_ndarray(format="rgb24") for f in decoder.decode(av.Packet(data))]
+    error = np.mean([(d.astype(np.float64) - f) ** 2
+                     for d, f in zip(decoded[10:], frames[10:], strict=False)])
+    return 1000 * cpu / len(frames), sent * 8 * 25 / len(frames) / 1000, \
+        10 * np.log10(255**2 / error)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--bitrate", type=int, default=500_000, help="bits/s (aiortc starts "
+                        "at 500 kbit/s)")
+    parser.add_argument("--speed", type=int, default=12, help="the server's encoder speed")
+    args = parser.parse_args()
+    frames = _frames(args.size)
+    paths = [("aiortc (swscale, noise filter, cpu-used -6)", vpx.Vp8Encoder, "swscale"),
+             (f"server (OpenCV, no filter, cpu-used -{args.speed})",
+              lambda: RealtimeVp8Encoder(args.speed), "opencv")]
+    print(f"{args.size}x{args.size}, {args.bitrate / 1000:.0f} kbit/s, one thread")
+    for name, make, convert in paths:
+        runs = []
+        for _ in range(3):
+            encoder = make()
+            encoder.target_bitrate = args.bitrate
+            runs.append(_run(encoder, frames, convert))
+        ms, kbps, psnr = np.median(np.array(runs), axis=0)
+        print(f"  {name:48s} {ms:6.2f} ms/frame  {kbps:6.0f} kbit/s  PSNR {psnr:5.2f} dB")
+
+
+if __name__ == "__main__":
+    main()
