@@ -181,8 +181,9 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
 
     batches = delta("sonic_engine_batch_size_count")
     served = len(fps)
-    repeated = sum(s["frames_repeated"] for s in stats)
-    sent = sum(s["frames_sent"] for s in stats)
+    # A skipped frame time left the old picture up, as a repeat does.
+    repeated = sum(s["frames_repeated"] + s["frames_skipped"] for s in stats)
+    sent = sum(s["frames_sent"] + s["frames_skipped"] for s in stats)
     total_cpu = sum(cpu.values())
     return {
         "sessions": sessions, "size": size, "served": served,

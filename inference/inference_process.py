@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 _ALIGN = 64
 #: Capacity figures go to the workers at most this often (they only feed admission).
 CAPACITY_EVERY_S = 0.5
+#: An engine stuck in one batch this long will not come back by itself (a wedged GPU
+#: call cannot be cancelled from Python): the process exits, and the front door starts a
+#: fresh one with its workers.
+ENGINE_STUCK_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -539,6 +543,16 @@ class _Server:
             for worker in list(self.workers):
                 worker.send(("capacity", figures))
 
+    async def watch_engine(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            stalled = self.service.scheduler.stalled_s()
+            if stalled > ENGINE_STUCK_S:
+                log.error("the engine has been stuck in one batch for %.0f s past its "
+                          "expected end; exiting for a fresh inference process", stalled)
+                logging.shutdown()
+                os._exit(70)
+
     def accept_forever(self, listener: Listener) -> None:
         """On a thread: the handshake blocks, and a bad key must not stop the loop."""
         from multiprocessing import AuthenticationError
@@ -563,7 +577,9 @@ class _Server:
         threading.Thread(target=self.accept_forever, args=(listener,), name="accept",
                          daemon=True).start()
         self.tell_front_door(("ready", self.service.max_batch))
+        watch = self.loop.create_task(self.watch_engine())
         await until_stopped(self.control)
+        watch.cancel()
         listener.close()
         for worker in list(self.workers):
             worker.disconnect()

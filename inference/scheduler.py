@@ -299,12 +299,34 @@ def timed_run(engine: Engine, batch: list[FrameInput]) -> tuple[BatchOutput, flo
     return output, time.perf_counter() - start
 
 
+#: A batch running past ``HANG_FACTOR`` times its expected time is abandoned: its frames
+#: are answered None (the sessions repeat their last frame) rather than kept waiting.
+HANG_FACTOR = 1.5
+#: ... but never sooner than this past its expected end, because the watch runs on the
+#: event loop, whose own wake-ups can be that late, and a batch on time must not be lost.
+HANG_MARGIN_S = 0.020
+#: A batch shape never timed (its first run allocates or compiles) is given this long.
+HANG_UNTIMED_S = 5.0
+
+
 @dataclass(eq=False)
 class _Flight:
-    """A batch handed to the engine thread, and how long it is expected to take."""
+    """A batch handed to the engine thread, how long it is expected to take, and when it
+    started running (None while it waits behind another batch in the thread)."""
 
     requests: list[FrameRequest]
     expected: float
+    started: float | None = None
+    abandoned: bool = False
+
+    @property
+    def overdue_at(self) -> float:
+        """Loop time past which this batch counts as hung (inf until it starts)."""
+        if self.started is None:
+            return float("inf")
+        if self.expected <= 0:
+            return self.started + HANG_UNTIMED_S
+        return self.started + max(HANG_FACTOR * self.expected, self.expected + HANG_MARGIN_S)
 
 
 class Scheduler:
@@ -341,6 +363,13 @@ class Scheduler:
     def in_flight(self) -> int:
         """Batches handed to the engine's thread and not yet finished."""
         return len(self._in_flight)
+
+    def stalled_s(self) -> float:
+        """How long the running batch has been overdue (0 if none is): an engine stuck for
+        good shows here, and only replacing its process frees the GPU."""
+        if not self._in_flight:
+            return 0.0
+        return max(0.0, asyncio.get_running_loop().time() - self._in_flight[0].overdue_at)
 
     async def start(self) -> None:
         if self._task is None:
@@ -430,9 +459,28 @@ class Scheduler:
         flight = _Flight(requests, self.estimate.seconds(requests[0].size, len(requests)))
         self._in_flight.append(flight)
         self._free_at = start + flight.expected
+        if len(self._in_flight) == 1:
+            self._started(flight, loop.time())
         future = loop.run_in_executor(self._executor, timed_run, self.engine,
                                       [r.input for r in requests])
         future.add_done_callback(lambda done: self._finished(flight, done))
+
+    def _started(self, flight: _Flight, now: float) -> None:
+        flight.started = now
+        asyncio.get_running_loop().call_at(flight.overdue_at, self._abandon_if_running, flight)
+
+    def _abandon_if_running(self, flight: _Flight) -> None:
+        """The batch overran: answer its frames now; its results, if they ever come, are
+        thrown away. The engine thread stays busy until it returns."""
+        if flight not in self._in_flight or flight.abandoned:
+            return
+        flight.abandoned = True
+        log.warning("engine batch of %d overran %.0f ms (expected %.0f ms); its frames are "
+                    "repeated", len(flight.requests),
+                    1000 * (flight.overdue_at - (flight.started or 0.0)),
+                    1000 * flight.expected)
+        for request in flight.requests:
+            self._finish_dropped(request, "hung")
 
     def _finished(self, flight: _Flight, done: asyncio.Future[tuple[BatchOutput, float]]
                   ) -> None:
@@ -442,6 +490,8 @@ class Scheduler:
         now = asyncio.get_running_loop().time()
         # The next batch in the thread starts now: re-anchor the expected free time.
         self._free_at = now + sum(f.expected for f in self._in_flight)
+        if self._in_flight:
+            self._started(self._in_flight[0], now)
         self._wakeup.set()
         requests = flight.requests
         if done.cancelled() or done.exception() is not None:

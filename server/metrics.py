@@ -26,6 +26,10 @@ class Metrics:
         self.frames_repeated = Counter(
             "sonic_video_frames_repeated",
             "Video frames repeated because the next one was not ready on time", registry=r)
+        self.frames_skipped = Counter(
+            "sonic_video_frames_skipped",
+            "Video frame times passed without a send (the worker's loop fell behind)",
+            registry=r)
         self.frames_dropped = Counter("sonic_scheduler_frames_dropped",
                                       "Frame requests dropped by the scheduler, by reason",
                                       ["reason"], registry=r)

@@ -122,6 +122,7 @@ class Session:
         self.frames_dropped = 0
         self.frames_sent = 0
         self.frames_repeated = 0
+        self.frames_skipped = 0
         self._sent_times: deque[float] = deque(maxlen=50)
         self._pipeline_delays: deque[float] = deque(maxlen=500)
         self._av_offsets: deque[float] = deque(maxlen=500)
@@ -288,6 +289,10 @@ class Session:
             self._pipeline_delays.append(delay)
             self._metrics.pipeline_delay.observe(delay)
 
+    def report_skipped(self, count: int) -> None:
+        self.frames_skipped += count
+        self._metrics.frames_skipped.inc(count)
+
     def _observe_av_offset(self, content_index: int, video_at: float, audio_at: float) -> None:
         """How much later than its audio a frame left, each against its own schedule."""
         k = content_index * self.clock.chunks_per_frame
@@ -331,6 +336,7 @@ class Session:
             "frames_sent": self.frames_sent,
             "frames_submitted": self.frames_submitted,
             "frames_repeated": self.frames_repeated,
+            "frames_skipped": self.frames_skipped,
             "frames_dropped": self.frames_dropped,
             "pipeline_delay_ms": {"p50": ms(_percentile(self._pipeline_delays, 50)),
                                   "p95": ms(_percentile(self._pipeline_delays, 95))},

@@ -33,6 +33,10 @@ class VideoSource(Protocol):
 
     def report_video(self, index: int, content_index: int, sent_at: float) -> None: ...
 
+    def report_skipped(self, count: int) -> None:
+        """``count`` frame times passed unsent: the viewer kept the old picture meanwhile."""
+        ...
+
 
 class AudioSource(Protocol):
     clock: MediaClock
@@ -72,6 +76,8 @@ class SessionVideoTrack(MediaStreamTrack):
         clock = self._source.clock
         loop = asyncio.get_running_loop()
         index = max(self._next, clock.video_index_at(loop.time()))
+        if self._last is not None and index > self._next:
+            self._source.report_skipped(index - self._next)
         await _sleep_until(clock.video_send_time(index))
         frame = self._source.video_frame(index)
         if frame is not None:

@@ -157,3 +157,18 @@ async def test_stop_answers_every_request_and_can_be_repeated() -> None:
     answered = [f.result() for f in futures]
     assert answered[2:] == [None] * 3 and drops == ["stopped"] * 3
     assert scheduler.in_flight == 0
+
+
+async def test_a_batch_that_overruns_is_abandoned_and_the_engine_serves_on_after() -> None:
+    engine = FakeEngine(seconds=0.010)
+    scheduler, drops = await started(engine)
+    await scheduler.warm_up([frame(0)])  # a frame is now expected to take 10 ms
+    engine.gate.clear()  # ... and this one hangs until the gate opens
+    assert await scheduler.submit(frame(1), soon()) is None
+    assert drops == ["hung"] and not engine.gate.is_set()  # answered while still stuck
+    await until(lambda: scheduler.stalled_s() > 0.05)
+    engine.gate.set()
+    result = await scheduler.submit(frame(2), soon())
+    await scheduler.stop()
+    assert result is not None and int(result.coefficients[0]) == 2
+    assert scheduler.stalled_s() == 0.0 and drops == ["hung"]
