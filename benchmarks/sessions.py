@@ -13,6 +13,8 @@ frames without decoding them (decoding costs 0.2-0.3 cores per stream).
 
     python -m benchmarks.sessions --sessions 1 2 4 --size 256 --seconds 20
     python -m benchmarks.sessions --sessions 64 128 --size 256 -- --runtime torch-cuda
+    python -m benchmarks.sessions --sessions 256 --motion-only --server-cpus 0-15 \
+        --client-cpus 16-63 -- --runtime torch-cuda
 """
 
 from __future__ import annotations
@@ -73,12 +75,25 @@ def _client_cpu() -> float:
 
 
 def _gpu_utilisation() -> float | None:
+    """Mean utilisation of the GPUs the server may use (``CUDA_VISIBLE_DEVICES``)."""
     if shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        query.append(f"--id={visible}")
+    out = subprocess.run(query, capture_output=True, text=True)
     values = [float(v) for v in out.stdout.split() if v.strip()]
     return float(np.mean(values)) if values else None
+
+
+def _cpus(spec: str) -> set[int]:
+    """``"0-15,32"`` as a set of core numbers."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
 
 
 def _metric_sums(url: str) -> dict[str, float]:
@@ -107,15 +122,19 @@ def _free_port() -> int:
 
 
 async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
-                   ) -> list[dict[str, Any]]:
-    """``sessions`` peers in this process; each one's received fps, or why it was refused."""
+                   motion_only: bool = False) -> list[dict[str, Any]]:
+    """``sessions`` peers in this process; each one's received fps (of video frames, or of
+    coefficient messages when ``motion_only``), or why it was refused."""
     async def one(delay: float) -> dict[str, Any]:
         await asyncio.sleep(delay)
         try:
             received = await run_session(url, wav, seconds=seconds, keep=False,
-                                         options={"size": size})
+                                         options={"size": size, "motion_only": motion_only})
         except RuntimeError as exc:
             return {"refused": str(exc)[:200]}
+        if motion_only:
+            return {"session_id": received.session_id, "fps": received.motion_fps(),
+                    "frames": len(received.coefficients)}
         return {"session_id": received.session_id, "fps": received.video_fps(),
                 "frames": len(received.video.pts)}
 
@@ -124,16 +143,18 @@ async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
 
 
 async def _client_process(url: str, wav: Path, sessions: int, size: int,
-                          seconds: float) -> list[dict[str, Any]]:
+                          seconds: float, motion_only: bool) -> list[dict[str, Any]]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.sessions", "--client-of", url, str(wav),
-        str(sessions), str(size), str(seconds), cwd=REPO_ROOT, stdout=subprocess.PIPE)
+        str(sessions), str(size), str(seconds), str(int(motion_only)), cwd=REPO_ROOT,
+        stdout=subprocess.PIPE)
     out, _ = await proc.communicate()
     return list(json.loads(out.decode().strip().splitlines()[-1]))
 
 
 async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
-                   size: int, client_processes: int, decoded: int) -> dict[str, Any]:
+                   size: int, client_processes: int, decoded: int,
+                   motion_only: bool) -> dict[str, Any]:
     snapshot: list[dict[str, Any]] = []
     kinds = await asyncio.to_thread(_processes, url, pid)
     before = await asyncio.to_thread(_metric_sums, url)
@@ -160,8 +181,8 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     started = time.monotonic()
     clients_before = _client_cpu()
     (wall, cpu), local, *remote = await asyncio.gather(
-        monitor(), _clients(url, str(wav), decoded, size, seconds),
-        *(_client_process(url, wav, n, size, seconds) for n in shares))
+        monitor(), _clients(url, str(wav), decoded, size, seconds, motion_only),
+        *(_client_process(url, wav, n, size, seconds, motion_only) for n in shares))
     results = local + [r for chunk in remote for r in chunk]
     client_cores = (_client_cpu() - clients_before) / (time.monotonic() - started)
     after = await asyncio.to_thread(_metric_sums, url)
@@ -214,14 +235,17 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
 
 
 def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
-              client_processes: int, decoded: int) -> dict[str, Any]:
+              client_processes: int, decoded: int, motion_only: bool = False,
+              server_cpus: set[int] | None = None) -> dict[str, Any]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
     server = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", str(port), "--ice-host", "127.0.0.1",
          "--set", f"video.size={size}", "--set", f"session.max_sessions={max(sessions, 4)}",
-         *extra], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+         "--set", f"session.max_motion_sessions={max(sessions, 4)}", *extra],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, server_cpus)) if server_cpus else None)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -235,7 +259,7 @@ def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[s
                                        + log.read().decode()[-2000:]) from None
                 time.sleep(0.2)
         return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size,
-                                    client_processes, decoded))
+                                    client_processes, decoded, motion_only))
     finally:
         server.terminate()
         server.wait(30)
@@ -253,14 +277,24 @@ def main() -> None:
     parser.add_argument("--wav", type=Path,
                         help="speech to send (default: espeak-ng's, where it is installed)")
     parser.add_argument("--json", action="store_true", help="print JSON lines only")
-    parser.add_argument("--client-of", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--motion-only", action="store_true",
+                        help="motion-only sessions: coefficients on a data channel, no video")
+    parser.add_argument("--server-cpus", type=_cpus, metavar="LIST",
+                        help="cores the server runs on, e.g. 0-15 (default: all)")
+    parser.add_argument("--client-cpus", type=_cpus, metavar="LIST",
+                        help="cores the peers run on, e.g. 16-31: on a larger machine, the "
+                             "server measured as if its peers were elsewhere")
+    parser.add_argument("--client-of", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs="*", help="extra server arguments after --")
     args = parser.parse_args()
     pin_host_addresses(["127.0.0.1"])
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)  # the client processes inherit it
     if args.client_of:  # one of the client processes of a run
-        url, wav, n, size, seconds = args.client_of
+        url, wav, n, size, seconds, motion = args.client_of
         count_video_only()
-        print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds)))))
+        print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds),
+                                              motion == "1"))))
         return
     with tempfile.TemporaryDirectory() as tmp:
         if args.wav is not None:
@@ -279,7 +313,8 @@ def main() -> None:
         for n in args.sessions:
             processes = args.client_processes or math.ceil(n / 8)
             row = run_point(n, args.size, args.seconds, wav, args.server_args, processes,
-                            args.decoded)
+                            0 if args.motion_only else args.decoded, args.motion_only,
+                            args.server_cpus)
             if args.json:
                 print(json.dumps(row), flush=True)
             else:

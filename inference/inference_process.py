@@ -51,45 +51,51 @@ CAPACITY_EVERY_S = 0.5
 #: call cannot be cancelled from Python): the process exits, and the front door starts a
 #: fresh one with its workers.
 ENGINE_STUCK_S = 10.0
+#: What a motion-only frame carries instead of its picture.
+_NO_PICTURE = np.empty((0, 0, 3), np.uint8)
+_NO_PICTURE.flags.writeable = False
 
 
 @dataclass(frozen=True)
 class RingLayout:
-    """Where each slot's inputs and outputs lie in a worker's shared ring."""
+    """Where each slot's inputs and outputs lie in a worker's shared ring: ``slots`` slots
+    with room for a frame, then ``motion_slots`` without (motion-only sessions need only
+    the coefficients back, so thousands of them fit in a few megabytes)."""
 
     slots: int
     window: tuple[int, int]  # (mel frames, mel bins)
     knobs: int
     coefficients: int
     max_side: int  # the largest frame side a slot holds
+    motion_slots: int = 0
 
-    def _fields(self) -> list[tuple[str, np.dtype[Any], tuple[int, ...]]]:
+    def _fields(self, side: int) -> list[tuple[str, np.dtype[Any], tuple[int, ...]]]:
         return [("mel", np.dtype(np.float32), self.window),
                 ("knobs", np.dtype(np.float32), (self.knobs,)),
                 ("clock", np.dtype(np.float32), (2,)),
                 ("coefficients", np.dtype(np.float32), (self.coefficients,)),
-                ("frame", np.dtype(np.uint8), (self.max_side, self.max_side, 3))]
+                ("frame", np.dtype(np.uint8), (side, side, 3))]
 
     @staticmethod
     def _aligned(nbytes: int) -> int:
         return -(-nbytes // _ALIGN) * _ALIGN
 
-    @property
-    def slot_bytes(self) -> int:
+    def slot_bytes(self, side: int) -> int:
         return sum(self._aligned(int(np.prod(shape)) * dtype.itemsize)
-                   for _, dtype, shape in self._fields())
+                   for _, dtype, shape in self._fields(side))
 
     @property
     def nbytes(self) -> int:
-        return self.slots * self.slot_bytes
+        return self.slots * self.slot_bytes(self.max_side) + \
+            self.motion_slots * self.slot_bytes(0)
 
     def views(self, buffer: memoryview) -> list[dict[str, np.ndarray]]:
         """Arrays over each slot's fields, made once: a frame then costs no allocation."""
         out = []
-        for index in range(self.slots):
-            offset = index * self.slot_bytes
+        offset = 0
+        for index in range(self.slots + self.motion_slots):
             fields = {}
-            for name, dtype, shape in self._fields():
+            for name, dtype, shape in self._fields(self.max_side if index < self.slots else 0):
                 fields[name] = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
                 offset += self._aligned(int(np.prod(shape)) * dtype.itemsize)
             out.append(fields)
@@ -169,17 +175,19 @@ class InferenceProcess:
 class RemoteInference:
     """The ``Inference`` of ``inference.service`` for a media worker: frames go to the
     inference process at ``address`` through a shared ring of ``pending`` slots plus two
-    batches. A frame submitted while every slot is taken is answered None at once (an
-    overflow drop); so is every frame once the process is gone (``dead``)."""
+    batches, and ``motion_pending`` slots without a picture. A frame submitted while every
+    slot is taken is answered None at once (an overflow drop); so is every frame once the
+    process is gone (``dead``)."""
 
     def __init__(self, manifest: Manifest, address: str, authkey: bytes, *, pending: int,
-                 max_side: int, ring_name: str | None = None,
+                 max_side: int, motion_pending: int = 0, ring_name: str | None = None,
                  on_drop: Callable[[str], None] | None = None) -> None:
         self.manifest = manifest
         self.max_batch = 0  # the process's choice, once connected
         self._address = address
         self._authkey = authkey
         self._pending = pending
+        self._motion_pending = motion_pending
         self._ring_name = ring_name
         self._on_drop = on_drop or (lambda reason: None)
         m = manifest
@@ -189,6 +197,7 @@ class RemoteInference:
         self._shm: shared_memory.SharedMemory | None = None
         self._views: list[dict[str, np.ndarray]] = []
         self._free: list[int] = []
+        self._free_motion: list[int] = []
         self._waiting: dict[int, asyncio.Future[FrameResult | None]] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
@@ -216,7 +225,8 @@ class RemoteInference:
         loop.add_reader(self._conn.fileno(), self._on_readable)
         self.max_batch, capacity = await self._hello
         self._capacity.update(capacity)
-        layout = RingLayout(slots=self._pending + 2 * self.max_batch, **self._layout_args)
+        layout = RingLayout(slots=self._pending + 2 * self.max_batch,
+                            motion_slots=self._motion_pending, **self._layout_args)
         shm_dir = Path("/dev/shm")
         if shm_dir.is_dir() and shutil.disk_usage(shm_dir).free < layout.nbytes:
             await self.stop()
@@ -227,6 +237,7 @@ class RemoteInference:
                                                size=layout.nbytes)
         self._views = layout.views(self._shm.buf)
         self._free = list(range(layout.slots))[::-1]
+        self._free_motion = list(range(layout.slots, layout.slots + layout.motion_slots))[::-1]
         self._conn.send(("ring", self._shm.name, layout))
         self._death = "the inference process died"
         log.info("connected to the inference process (max batch %d, ring of %d slots, %.0f MB)",
@@ -264,13 +275,15 @@ class RemoteInference:
             self._hello.set_exception(InferenceProcessError(reason))
 
     # ------------------------------------------------------------------ Inference
-    def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
+    def submit(self, frame: FrameInput, deadline: float, *, picture: bool = True
+               ) -> asyncio.Future[FrameResult | None]:
         future: asyncio.Future[FrameResult | None] = asyncio.get_running_loop().create_future()
-        if self.dead or not self._free or self._conn is None:
+        free = self._free if picture else self._free_motion
+        if self.dead or not free or self._conn is None:
             future.set_result(None)
             self._on_drop("error" if self.dead else "overflow")
             return future
-        index = self._free.pop()
+        index = free.pop()
         slot = self._views[index]
         slot["mel"][:] = frame.mel
         slot["knobs"][:] = frame.knobs
@@ -338,12 +351,13 @@ class RemoteInference:
         if kind == "done":
             _, index, side = message
             future = self._waiting.pop(index)
-            self._free.append(index)
+            slot = self._views[index]
+            picture = slot["frame"].shape[0] > 0
+            (self._free if picture else self._free_motion).append(index)
             result = None
             if side:
-                slot = self._views[index]
-                result = FrameResult(slot["frame"][:side, :side].copy(),
-                                     slot["coefficients"].copy())
+                result = FrameResult(slot["frame"][:side, :side].copy() if picture
+                                     else _NO_PICTURE, slot["coefficients"].copy())
             if not future.done():
                 future.set_result(result)
         elif kind == "capacity":
@@ -466,8 +480,10 @@ class _Worker:
             self.send(("done", index, 0))
             return
         side = result.frame.shape[0]
-        self.views[index]["frame"][:side, :side] = result.frame
-        self.views[index]["coefficients"][:] = result.coefficients
+        view = self.views[index]
+        if view["frame"].shape[0]:  # a motion-only slot has no room for the picture
+            view["frame"][:side, :side] = result.frame
+        view["coefficients"][:] = result.coefficients
         self.send(("done", index, side))
 
     async def reply(self, call_id: int, work: Any) -> None:

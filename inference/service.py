@@ -44,8 +44,10 @@ class Inference(Protocol):
 
     def frame_size(self, slot: int) -> int: ...
 
-    def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
-        """The frame, or None when it could not be made by ``deadline`` (loop time)."""
+    def submit(self, frame: FrameInput, deadline: float, *, picture: bool = True
+               ) -> asyncio.Future[FrameResult | None]:
+        """The frame, or None when it could not be made by ``deadline`` (loop time). Without
+        ``picture`` only its coefficients need come back (its picture may be empty)."""
         ...
 
     async def warm_up(self, batch: list[FrameInput]) -> None:
@@ -96,7 +98,8 @@ class InlineInference:
     def frame_size(self, slot: int) -> int:
         return self.engine.frame_size(slot)
 
-    def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
+    def submit(self, frame: FrameInput, deadline: float, *, picture: bool = True
+               ) -> asyncio.Future[FrameResult | None]:
         return self.scheduler.submit(frame, deadline)
 
     async def warm_up(self, batch: list[FrameInput]) -> None:

@@ -90,7 +90,9 @@ def inference_config(settings: Settings, runtime: str, device: int | None = None
         if runtime == "onnxruntime" else {}
     return InferenceConfig(runtime, str(settings.manifest_path), opts,
                            settings.scheduler.max_batch, settings.scheduler.max_wait_ms,
-                           max_pending=4 * settings.session.max_sessions + 8, device=device)
+                           max_pending=4 * (settings.session.max_sessions
+                                            + settings.session.max_motion_sessions) + 8,
+                           device=device)
 
 
 async def connect_inline(settings: Settings, metrics: Metrics) -> Inference:

@@ -60,10 +60,18 @@ class Received:
     audio: Stream = field(default_factory=lambda: Stream("audio"))
     answer: dict[str, Any] = field(default_factory=dict)
     coefficients: list[dict[str, Any]] = field(default_factory=list)
+    coefficient_arrivals: list[float] = field(default_factory=list)
 
     def video_fps(self) -> float:
-        t = self.video.arrivals
-        return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
+        return _rate(self.video.arrivals)
+
+    def motion_fps(self) -> float:
+        """Coefficient messages per second (a motion-only session's frame rate)."""
+        return _rate(self.coefficient_arrivals)
+
+
+def _rate(t: list[float]) -> float:
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
 
 
 class _CountingDecoder:
@@ -126,16 +134,24 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                       options: dict[str, Any] | None = None, keep: bool = True,
                       hang_up: bool = True, coefficients: bool = False) -> Received:
     """Offer, stream ``wav`` in real time, and record ``seconds`` of what comes back
-    (with ``coefficients``, also the motion coefficients sent on a data channel)."""
+    (with ``coefficients``, also the motion coefficients sent on a data channel). With
+    ``options={"motion_only": True}`` the offer asks for no video, only coefficients."""
+    motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     player = MediaPlayer(wav)
     assert player.audio is not None
     pc.addTrack(player.audio)
-    pc.addTransceiver("video", direction="recvonly")
+    if not motion_only:
+        pc.addTransceiver("video", direction="recvonly")
     messages: list[dict[str, Any]] = []
-    if coefficients:
+    arrivals: list[float] = []
+    if coefficients or motion_only:
         channel = pc.createDataChannel("coefficients")
-        channel.on("message", lambda message: messages.append(json.loads(message)))
+
+        @channel.on("message")
+        def on_message(message: str) -> None:
+            messages.append(json.loads(message))
+            arrivals.append(time.monotonic())
     tracks: list[tuple[MediaStreamTrack, RTCRtpReceiver]] = []
 
     @pc.on("track")
@@ -155,7 +171,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                 answer = await response.json()
                 if response.status != 200:
                     raise RuntimeError(f"offer refused: {response.status} {answer}")
-            received = Received(answer["session_id"], answer=answer, coefficients=messages)
+            received = Received(answer["session_id"], answer=answer, coefficients=messages,
+                                coefficient_arrivals=arrivals)
             for transceiver in pc.getTransceivers():
                 _watch_sender_reports(transceiver.receiver, getattr(received, transceiver.kind))
             await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))

@@ -128,6 +128,8 @@ class SessionSettings:
     peer_timeout_s: float = setting(10.0, "a session whose peer sends no media for this long "
                                     "(or never connects) is closed", low=0.1)
     max_sessions: int = setting(16, "most live sessions", low=1)
+    max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
+                                       "a data channel, no video to encode)", low=0)
     max_engine_load: float = setting(0.9, "admit a session only while all sessions need at "
                                      "most this share of the engine's measured capacity",
                                      low=0.001)

@@ -1,4 +1,5 @@
-"""VP8 tuned for rendered video (the tracks hand it frames already in YUV).
+"""Encoders tuned for a session's outbound media: VP8 for rendered video (the tracks hand
+it frames already in YUV), and Opus for the returned speech.
 
 A session's video was most of its CPU. aiortc converts RGB to YUV with swscale and runs
 libvpx with its noise filter, which only blurs frames a model rendered free of noise.
@@ -11,6 +12,7 @@ process.
 
 from __future__ import annotations
 
+import fractions
 import multiprocessing
 
 import aiortc.rtcrtpsender
@@ -18,6 +20,8 @@ import av
 from aiortc.codecs import vpx
 from aiortc.codecs.base import Encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+
+from server.media_clock import AUDIO_RATE
 
 
 class RealtimeVp8Encoder(vpx.Vp8Encoder):
@@ -78,3 +82,30 @@ def use_realtime_vp8(speed: int) -> None:
 
     get_encoder.aiortc_default = default  # type: ignore[attr-defined]
     aiortc.rtcrtpsender.get_encoder = get_encoder
+
+
+class SpeechOpusEncoder:
+    """The returned speech as Opus packets, made in the audio track so aiortc only packs
+    them. aiortc's own encoder resamples every 20 ms chunk to stereo and runs on an
+    executor thread (a thread hop per chunk costs more than encoding it); this one encodes
+    the mono chunk as it is, CELT-only (``lowdelay``) at 64 kbit/s: 0.058 ms a chunk
+    against 0.097 ms, before the saved hop. Packets carry the chunk's own timestamp, so
+    a track that skips ahead stays on the session clock."""
+
+    def __init__(self) -> None:
+        codec = av.CodecContext.create("libopus", "w")
+        codec.bit_rate = 64000
+        codec.format = "s16"
+        codec.layout = "mono"
+        codec.sample_rate = AUDIO_RATE
+        codec.time_base = fractions.Fraction(1, AUDIO_RATE)
+        codec.options = {"application": "lowdelay"}
+        self.codec = codec
+
+    def encode(self, frame: av.AudioFrame) -> av.Packet:
+        """One 20 ms mono s16 chunk at 48 kHz in, one packet out."""
+        packets = self.codec.encode(frame)
+        packet = packets[0] if packets else av.Packet(b"")
+        packet.pts = frame.pts
+        packet.time_base = frame.time_base
+        return packet

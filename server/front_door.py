@@ -66,7 +66,10 @@ class FrontDoor:
             max_sessions=s.max_sessions,
             worker_sessions=min(s.max_sessions, math.ceil(2 * s.max_sessions
                                                           / self.worker_count)),
-            max_engine_load=s.max_engine_load, fps=settings.video.fps)
+            max_engine_load=s.max_engine_load, fps=settings.video.fps,
+            max_motion_sessions=s.max_motion_sessions,
+            worker_motion_sessions=min(s.max_motion_sessions, math.ceil(
+                2 * s.max_motion_sessions / self.worker_count)))
         self.manifest = Manifest.load(settings.manifest_path)
         check_model(settings, self.manifest)
         self._dir = tempfile.mkdtemp(prefix="sonic-")
@@ -75,8 +78,8 @@ class FrontDoor:
         self.workers: list[WorkerProcess] = []
         self._generation = collections.Counter[int]()
         self._failures = collections.Counter[str]()
-        # Per worker, the frame sides of the offers placed on it and not yet answered.
-        self._reserved = collections.defaultdict[int, collections.Counter[int]](
+        # Per worker, the (frame side, motion-only) of offers placed on it, not yet answered.
+        self._reserved = collections.defaultdict[int, collections.Counter[tuple[int, bool]]](
             collections.Counter)
         self._placing = asyncio.Lock()
         self._uploads: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
@@ -96,13 +99,15 @@ class FrontDoor:
         self._generation[index] += 1
         gpu = index % self.gpu_count
         settings = dataclasses.replace(self.settings, session=dataclasses.replace(
-            self.settings.session, max_sessions=self.limits.worker_sessions))
+            self.settings.session, max_sessions=self.limits.worker_sessions,
+            max_motion_sessions=self.limits.worker_motion_sessions))
         spec = WorkerSpec(
             index=index, gpu=gpu, settings=settings, runtime=self.runtime,
             socket_path=os.path.join(self._dir, f"worker-{index}.sock"),
             inference_address=self.inference[gpu].address, authkey=self._authkey,
             ring_name=f"sonic-{os.getpid()}-w{index}-{self._generation[index]}",
-            ring_pending=4 * self.limits.worker_sessions)
+            ring_pending=4 * self.limits.worker_sessions,
+            ring_motion_pending=4 * self.limits.worker_motion_sessions)
         return WorkerProcess(spec, on_exit=self._worker_died)
 
     async def start(self) -> None:
@@ -205,15 +210,22 @@ class FrontDoor:
             if status != 200:
                 continue
             health = json.loads(body)
-            sessions = {int(k): v for k, v in health["sessions_by_size"].items()}
-            # Offers placed here and not yet answered, less those the worker already
-            # counts (created, their answer on its way): none is counted twice.
-            answering = {int(k): v for k, v in health["answering_by_size"].items()}
-            for size, placed in self._reserved[worker.index].items():
-                sessions[size] = sessions.get(size, 0) + max(0, placed - answering.get(size, 0))
-            out.append(WorkerLoad(worker.index, worker.spec.gpu, sessions,
+            counts = {}
+            for motion, prefix in ((False, ""), (True, "motion_")):
+                sessions = {int(k): v for k, v in health[f"{prefix}sessions_by_size"].items()}
+                # Offers placed here and not yet answered, less those the worker already
+                # counts (created, their answer on its way): none is counted twice.
+                answering = {int(k): v for k, v in
+                             health[f"{prefix}answering_by_size"].items()}
+                for (size, m), placed in self._reserved[worker.index].items():
+                    if m == motion:
+                        sessions[size] = sessions.get(size, 0) + \
+                            max(0, placed - answering.get(size, 0))
+                counts[motion] = sessions
+            out.append(WorkerLoad(worker.index, worker.spec.gpu, counts[False],
                                   {int(k): v for k, v in
-                                   health["capacity_fps_by_size"].items()}))
+                                   health["capacity_fps_by_size"].items()},
+                                  motion=counts[True]))
         return out
 
     async def _replay_uploads(self, worker: WorkerProcess) -> None:
@@ -232,16 +244,17 @@ class FrontDoor:
             self._uploads.popitem(last=False)
 
     @contextlib.asynccontextmanager
-    async def placed(self, size: int) -> AsyncIterator[WorkerProcess]:
+    async def placed(self, size: int, motion_only: bool = False
+                     ) -> AsyncIterator[WorkerProcess]:
         """A worker for a new session, its place reserved while the offer is answered
         there; raises ``Refused``."""
         async with self._placing:
-            index = place(await self.loads(), size, self.limits)
-            self._reserved[index][size] += 1
+            index = place(await self.loads(), size, self.limits, motion_only=motion_only)
+            self._reserved[index][size, motion_only] += 1
         try:
             yield self.workers[index]
         finally:
-            self._reserved[index][size] -= 1
+            self._reserved[index][size, motion_only] -= 1
 
 
 front_door_key: web.AppKey[FrontDoor] = web.AppKey("front_door", FrontDoor)
@@ -301,6 +314,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({
         "status": "ok" if loads else "starting",
         "sessions": sum(load.count for load in loads),
+        "motion_sessions": sum(load.motion_count for load in loads),
         "model": door.manifest.name,
         "runtime": door.runtime,
         "runtime_verified": door.runtime in VERIFIED,
@@ -312,7 +326,9 @@ async def healthz(request: web.Request) -> web.Response:
         "engine_load_by_gpu": {str(g): round(v, 3) for g, v in gpu_loads.items()},
         "frame_size": size,
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
-                     "sessions": workers[w.index].count if w.index in workers else None}
+                     "sessions": workers[w.index].count if w.index in workers else None,
+                     "motion_sessions": workers[w.index].motion_count
+                     if w.index in workers else None}
                     for w in door.workers],
         "inference": [{"gpu": g, "pid": p.pid, "alive": p.alive, "max_batch": p.max_batch}
                       for g, p in enumerate(door.inference)],
@@ -337,15 +353,15 @@ async def offer(request: web.Request) -> web.Response:
     body = await request.read()
     try:
         parsed = json.loads(body)
-        options = parsed.get("options") if isinstance(parsed, dict) else None
-        size = options.get("size", door.settings.video.size) \
-            if isinstance(options, dict) else door.settings.video.size
     except (json.JSONDecodeError, UnicodeDecodeError):
         fail(400, "invalid_json", "request body must be a JSON object")
+    options = parsed.get("options") if isinstance(parsed, dict) else None
+    options = options if isinstance(options, dict) else {}
+    size = options.get("size", door.settings.video.size)
     if size not in door.settings.video.allowed_sizes:
         size = door.settings.video.size  # the worker names the problem
     try:
-        async with door.placed(int(size)) as worker:
+        async with door.placed(int(size), options.get("motion_only") is True) as worker:
             response = await _forward(worker, request)
     except Refused as exc:
         door.metrics.admissions.labels(decision="refused").inc()

@@ -54,8 +54,9 @@ def pin_host_addresses(addresses: list[str]) -> None:
         aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: pinned  # type: ignore
 
 
-def check_offer(sdp: object, kind: object) -> str:
-    """The offer's SDP if it can drive a session; otherwise an ``OfferError`` naming why."""
+def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
+    """The offer's SDP if it can drive a session; otherwise an ``OfferError`` naming why.
+    A motion-only session needs a data channel instead of a video m-line."""
     if kind != "offer":
         raise OfferError("not_an_offer", f'"type" must be "offer", got {kind!r}')
     if not isinstance(sdp, str) or not sdp.strip():
@@ -70,7 +71,11 @@ def check_offer(sdp: object, kind: object) -> str:
     video = [m for m in parsed.media if m.kind == "video" and m.port != 0]
     if not any(m.direction in ("sendrecv", "sendonly") for m in audio):
         raise OfferError("no_audio", "the offer must send one audio track (the driving speech)")
-    if not any(m.direction in ("sendrecv", "recvonly") for m in video):
+    if motion_only:
+        if not any(m.kind == "application" and m.port != 0 for m in parsed.media):
+            raise OfferError("no_data_channel", "a motion-only session sends its coefficients "
+                             'on a data channel: the offer must open one ("coefficients")')
+    elif not any(m.direction in ("sendrecv", "recvonly") for m in video):
         raise OfferError("no_video", "the offer must ask to receive video")
     for m in audio + video:
         if m.ice is None or not m.ice.usernameFragment or not m.dtls or not m.dtls.fingerprints:
@@ -118,7 +123,8 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         audio_out, video_out = session.viewer_tracks()
         pc.addTrack(audio_out)
-        pc.addTrack(video_out)
+        if not session.motion_only:
+            pc.addTrack(video_out)
         _prefer_codec(pc, codec)
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception:

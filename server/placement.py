@@ -8,7 +8,14 @@ where the loads come from, not this.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+#: A motion-only session's media cost against a 256x256 video session's. It has no encoder
+#: and no video packets, but its audio both ways, its features and its data channel
+#: (aiortc's SCTP is Python) remain: a worker measured 0.070-0.075 cores per motion-only
+#: session against 0.095-0.10 per 256x256 one (2-core machine, 4 sessions each,
+#: ``benchmarks.sessions``).
+MOTION_MEDIA_COST = 0.75
 
 
 class Refused(RuntimeError):
@@ -19,18 +26,29 @@ class Refused(RuntimeError):
 class WorkerLoad:
     index: int
     gpu: int  # the inference process it feeds
-    sessions: dict[int, int]  # its live and reserved sessions, by frame side
+    sessions: dict[int, int]  # its live and reserved video sessions, by frame side
     capacity_fps: dict[int, float]  # its GPU's measured engine capacity, by frame side
+    motion: dict[int, int] = field(default_factory=dict)  # motion-only sessions, by side
 
     @property
     def count(self) -> int:
         return sum(self.sessions.values())
 
     @property
+    def motion_count(self) -> int:
+        return sum(self.motion.values())
+
+    @property
     def media_cost(self) -> float:
         """Sessions weighted by their media cost, which grows about with the frame side
         (measured per session: 0.27 cores at 256x256, 0.46 at 512x512)."""
-        return sum(n * size / 256 for size, n in self.sessions.items())
+        return sum(n * size / 256 for size, n in self.sessions.items()) + \
+            MOTION_MEDIA_COST * self.motion_count
+
+    def frames(self) -> dict[int, int]:
+        """Sessions the engine renders for, video and motion-only, by frame side."""
+        return {size: self.sessions.get(size, 0) + self.motion.get(size, 0)
+                for size in self.sessions.keys() | self.motion.keys()}
 
     def frame_cost(self, size: int, fps: int) -> float:
         """Share of its GPU's engine one session of this side takes (0 before measured)."""
@@ -44,30 +62,41 @@ class Limits:
     worker_sessions: int  # one worker (its share of the frame ring)
     max_engine_load: float  # one GPU's engine, as a share of its measured capacity
     fps: int
+    max_motion_sessions: int = 0  # motion-only sessions, the whole server
+    worker_motion_sessions: int = 0  # ... and one worker
 
 
 def engine_loads(loads: Sequence[WorkerLoad], fps: int) -> dict[int, float]:
     """Each GPU's engine load: the share of its capacity its sessions need at full rate."""
     out: dict[int, float] = {}
     for load in loads:
-        need = sum(n * load.frame_cost(size, fps) for size, n in load.sessions.items())
+        need = sum(n * load.frame_cost(size, fps) for size, n in load.frames().items())
         out[load.gpu] = out.get(load.gpu, 0.0) + need
     return out
 
 
-def place(loads: Sequence[WorkerLoad], size: int, limits: Limits) -> int:
+def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
+          motion_only: bool = False) -> int:
     """The worker with the least media cost among those whose worker and GPU have room
-    for one more session of ``size``; raises ``Refused`` naming the limit reached."""
+    for one more session of ``size`` (video, or ``motion_only``); raises ``Refused``
+    naming the limit reached."""
     if not loads:
         raise Refused("no media worker is running")
-    total = sum(load.count for load in loads)
-    if total >= limits.max_sessions:
-        raise Refused(f"server holds its maximum of {limits.max_sessions} sessions")
+    if motion_only:
+        kind, most, per_worker = ("motion-only ", limits.max_motion_sessions,
+                                  limits.worker_motion_sessions)
+        def count(load: WorkerLoad) -> int:
+            return load.motion_count
+    else:
+        kind, most, per_worker = "", limits.max_sessions, limits.worker_sessions
+        def count(load: WorkerLoad) -> int:
+            return load.count
+    if sum(map(count, loads)) >= most:
+        raise Refused(f"server holds its maximum of {most} {kind}sessions")
     gpus = engine_loads(loads, limits.fps)
-    room = [load for load in loads if load.count < limits.worker_sessions]
+    room = [load for load in loads if count(load) < per_worker]
     if not room:
-        raise Refused(f"every media worker holds its maximum of {limits.worker_sessions} "
-                      f"sessions")
+        raise Refused(f"every media worker holds its maximum of {per_worker} {kind}sessions")
     fits = [load for load in room
             if gpus[load.gpu] + load.frame_cost(size, limits.fps) <= limits.max_engine_load]
     if not fits:

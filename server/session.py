@@ -32,7 +32,7 @@ from server.audio_ingest import AudioIngest, pump_track
 from server.config import SessionSettings
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
-from server.tracks import SessionAudioTrack, SessionVideoTrack
+from server.tracks import SessionAudioTrack, SessionVideoTrack, send_motion
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,11 @@ def _percentile(values: deque[float], q: float) -> float | None:
 class Session:
     def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
                  settings: SessionSettings, fps: int, manifest: Manifest,
-                 inference: Inference, metrics: Metrics) -> None:
+                 inference: Inference, metrics: Metrics, motion_only: bool = False) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
+        #: No video: each frame's coefficients on the data channel, and the audio back.
+        self.motion_only = motion_only
         self.avatar = avatar
         self.options = options
         self.settings = settings
@@ -117,6 +119,7 @@ class Session:
         self._coefficients: np.ndarray | None = None
         self._coefficient_channels: list[RTCDataChannel] = []
         self._coefficients_sent = -1
+        self._motion_started = False
         # stats
         self.frames_submitted = 0
         self.frames_dropped = 0
@@ -144,8 +147,12 @@ class Session:
     def add_coefficient_channel(self, channel: RTCDataChannel) -> None:
         """Send each fresh frame's motion coefficients on ``channel`` as the frame leaves:
         JSON ``{"frame", "time", "coefficients": {name: value}}``, on the video's clock, for
-        clients that drive their own avatar (a 3D head, a kiosk) from the same speech."""
+        clients that drive their own avatar (a 3D head, a kiosk) from the same speech.
+        A motion-only session starts sending with its first channel."""
         self._coefficient_channels.append(channel)
+        if self.motion_only and not self._motion_started:
+            self._motion_started = True
+            self._spawn(send_motion(self))
 
     def viewer_tracks(self) -> tuple[SessionAudioTrack, SessionVideoTrack]:
         """A fresh pair of outbound tracks for one viewer."""
@@ -228,7 +235,8 @@ class Session:
             request = FrameInput.for_frame(self.avatar.slot, i, self.clock.fps, mel,
                                            self.manifest.knob_vector(self.options.values),
                                            self._phase)
-            future = self._inference.submit(request, self.clock.video_send_time(i))
+            future = self._inference.submit(request, self.clock.video_send_time(i),
+                                            picture=not self.motion_only)
             future.add_done_callback(self._count_drop)
             self._frames[i] = future
             self._frames.pop(i - KEEP_FRAMES, None)
@@ -357,6 +365,7 @@ class Session:
             "state": self.state,
             "avatar": self.avatar.avatar_id,
             "size": self.avatar.size,
+            "motion_only": self.motion_only,
             "created": self.created,
             "options": dict(self.options.values),
             "stats": self.stats(),

@@ -34,7 +34,7 @@ class SessionManager:
         self.metrics = metrics
         self._sessions: dict[str, Session] = {}
         self._peers: dict[str, list[RTCPeerConnection]] = {}
-        self._reserved: list[int] = []  # sizes of sessions being created
+        self._reserved: list[tuple[int, bool]] = []  # (size, motion-only) being created
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -48,12 +48,14 @@ class SessionManager:
         """Share of the engine's measured capacity the live sessions need at full frame rate."""
         return sum(self._frame_cost(s.avatar.size) for s in self._sessions.values())
 
-    def count_by_size(self, *, answering: bool = False) -> dict[str, int]:
-        """Live sessions by frame side; with ``answering``, only those whose offer is still
-        being answered (no peer yet)."""
+    def count_by_size(self, *, answering: bool = False, motion_only: bool = False
+                      ) -> dict[str, int]:
+        """Live video (or ``motion_only``) sessions by frame side; with ``answering``, only
+        those whose offer is still being answered (no peer yet)."""
         return dict(collections.Counter(
             str(session.avatar.size) for session_id, session in self._sessions.items()
-            if not answering or not self._peers.get(session_id)))
+            if session.motion_only == motion_only
+            and (not answering or not self._peers.get(session_id))))
 
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
@@ -61,25 +63,30 @@ class SessionManager:
     def list(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self._sessions.values()]
 
-    async def create(self, avatar_id: str, size: int, options: SessionOptions) -> Session:
+    async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
+                     motion_only: bool = False) -> Session:
         """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
         limits = self.settings.session
-        if len(self._sessions) + len(self._reserved) >= limits.max_sessions:
-            raise AtCapacity(f"server holds its maximum of {limits.max_sessions} sessions")
-        load = self.engine_load() + sum(map(self._frame_cost, self._reserved))
+        most, kind = (limits.max_motion_sessions, "motion-only ") if motion_only \
+            else (limits.max_sessions, "")
+        alike = sum(s.motion_only == motion_only for s in self._sessions.values()) + \
+            sum(m == motion_only for _, m in self._reserved)
+        if alike >= most:
+            raise AtCapacity(f"server holds its maximum of {most} {kind}sessions")
+        load = self.engine_load() + sum(self._frame_cost(s) for s, _ in self._reserved)
         if load + self._frame_cost(size) > limits.max_engine_load:
             raise AtCapacity(f"the engine is at {load:.0%} of its measured capacity; another "
                              f"{size}x{size} session would pass session.max_engine_load="
                              f"{limits.max_engine_load}")
-        self._reserved.append(size)
+        self._reserved.append((size, motion_only))
         try:
             handle = await self.avatars.acquire(avatar_id, size)
         finally:
-            self._reserved.remove(size)
+            self._reserved.remove((size, motion_only))
         session = Session(uuid.uuid4().hex, handle, options,
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, inference=self.inference,
-                          metrics=self.metrics)
+                          metrics=self.metrics, motion_only=motion_only)
         self._sessions[session.id] = session
         self._peers[session.id] = []
         session.on_close(self._forget)

@@ -119,6 +119,9 @@ async def healthz(request: web.Request) -> web.Response:
         # Of those, sessions whose offer is still being answered: the front door counts
         # them as its own reservations until then.
         "answering_by_size": state.sessions.count_by_size(answering=True),
+        "motion_sessions_by_size": state.sessions.count_by_size(motion_only=True),
+        "motion_answering_by_size": state.sessions.count_by_size(answering=True,
+                                                                 motion_only=True),
         "capacity_fps_by_size": {str(s): round(state.inference.capacity_fps(s), 1)
                                  for s in state.settings.video.allowed_sizes},
     })
@@ -155,17 +158,21 @@ async def metrics(request: web.Request) -> web.Response:
 async def offer(request: web.Request) -> web.Response:
     state = _state(request)
     body = await _json_body(request)
+    raw_options = body.get("options") or {}
+    if not isinstance(raw_options, dict):
+        fail(400, "invalid_options", '"options" must be a JSON object')
+    raw_options = dict(raw_options)
+    motion_only = raw_options.pop("motion_only", False)
+    if not isinstance(motion_only, bool):
+        fail(400, "invalid_options", f"options.motion_only={motion_only!r} must be true or "
+             "false")
     try:
-        sdp = check_offer(body.get("sdp"), body.get("type"))
+        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=motion_only)
     except OfferError as exc:
         fail(400, exc.code, str(exc))
     avatar_id = body.get("avatar") or DEFAULT_AVATAR
     if not isinstance(avatar_id, str):
         fail(400, "invalid_avatar", '"avatar" must be a string avatar id')
-    raw_options = body.get("options") or {}
-    if not isinstance(raw_options, dict):
-        fail(400, "invalid_options", '"options" must be a JSON object')
-    raw_options = dict(raw_options)
     size = raw_options.pop("size", state.settings.video.size)
     if size not in state.settings.video.allowed_sizes:
         fail(400, "invalid_options", f"options.size={size!r} must be one of "
@@ -176,7 +183,8 @@ async def offer(request: web.Request) -> web.Response:
     except OptionsError as exc:
         fail(400, "invalid_options", str(exc))
     try:
-        session = await state.sessions.create(avatar_id, int(size), options)
+        session = await state.sessions.create(avatar_id, int(size), options,
+                                              motion_only=motion_only)
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
     except AtCapacity as exc:

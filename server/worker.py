@@ -41,6 +41,7 @@ class WorkerSpec:
     authkey: bytes
     ring_name: str
     ring_pending: int  # frames of its sessions that may wait or run at once
+    ring_motion_pending: int = 0  # ... of its motion-only sessions (slots without a picture)
 
 
 class WorkerProcess:
@@ -106,6 +107,7 @@ async def _serve(control: Connection, spec: WorkerSpec) -> None:
         inference = RemoteInference(
             Manifest.load(settings.manifest_path), spec.inference_address, spec.authkey,
             pending=spec.ring_pending, max_side=max(settings.video.allowed_sizes),
+            motion_pending=spec.ring_motion_pending,
             ring_name=spec.ring_name, on_drop=metrics.on_drop)
         await inference.start()
         return inference

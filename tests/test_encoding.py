@@ -1,5 +1,6 @@
-"""The tuned VP8 encoder: what it sends decodes to the frame it was given, and every VP8
-sender of the process uses it once installed."""
+"""The tuned encoders: what the VP8 one sends decodes to the frame it was given, and every
+VP8 sender of the process uses it once installed; the speech Opus one decodes back to the
+speech, one packet per chunk on the chunk's own timestamp."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import aiortc.rtcrtpsender
 import av
 import cv2
 import numpy as np
+import pytest
 from aiortc.codecs import get_capabilities, vpx
 
 from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
-from server.encoding import RealtimeVp8Encoder, use_realtime_vp8
+from inference.tts import SpeechUnavailable, conversation
+from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder, use_realtime_vp8
 
 
 def _frames(count: int) -> list[np.ndarray]:
@@ -52,3 +55,27 @@ def test_installed_it_serves_vp8_and_leaves_other_codecs_alone():
         assert not isinstance(h264, RealtimeVp8Encoder)
     finally:
         aiortc.rtcrtpsender.get_encoder = original
+
+
+def test_speech_opus_packets_decode_to_the_speech_on_the_chunks_timestamps():
+    try:
+        speech = conversation(48000).astype(np.int16)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    encoder = SpeechOpusEncoder()
+    decoder = av.CodecContext.create("libopus", "r")
+    chunks = [speech[i:i + 960] for i in range(0, len(speech) - 960, 960)]
+    decoded = []
+    for k, chunk in enumerate(chunks):
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.time_base = 48000, fractions.Fraction(1, 48000)
+        frame.pts = 960 * (k + 7)  # a track that started at chunk 7
+        packet = encoder.encode(frame)
+        assert packet.pts == frame.pts and 0 < packet.size < 4 * 64000 // 8 // 50
+        for out in decoder.decode(packet):
+            decoded.append(out.to_ndarray().reshape(-1, len(out.layout.channels))[:, 0])
+    got = np.concatenate(decoded).astype(float)
+    sent = np.concatenate(chunks).astype(float)
+    n = len(sent) - 400
+    lag = int(np.argmax([np.dot(got[d:d + n], sent[:n]) for d in range(400)]))  # codec delay
+    assert np.corrcoef(got[lag:lag + n], sent[:n])[0, 1] > 0.95

@@ -43,3 +43,26 @@ def test_refusals_name_the_limit_reached():
 def test_an_engine_not_yet_measured_does_not_refuse():
     unmeasured = WorkerLoad(0, 0, {512: 3}, {})
     assert place([unmeasured], 512, LIMITS) == 0
+
+
+def test_motion_only_sessions_have_their_own_caps_and_still_load_the_engine():
+    limits = Limits(max_sessions=2, worker_sessions=1, max_engine_load=0.9, fps=25,
+                    max_motion_sessions=5, worker_motion_sessions=3)
+    full_of_video = [WorkerLoad(0, 0, {256: 1}, CAPACITY), WorkerLoad(1, 0, {256: 1}, CAPACITY)]
+    # No room for video, room for motion-only: they count apart ...
+    with pytest.raises(Refused, match="maximum of 2 sessions"):
+        place(full_of_video, 256, limits)
+    assert place(full_of_video, 256, limits, motion_only=True) == 0
+    motion = [WorkerLoad(0, 0, {}, CAPACITY, motion={256: 3}),
+              WorkerLoad(1, 0, {}, CAPACITY, motion={256: 1})]
+    assert place(motion, 256, limits, motion_only=True) == 1
+    with pytest.raises(Refused, match="every media worker holds its maximum of 3 motion-only"):
+        place([motion[0]], 256, limits, motion_only=True)
+    with pytest.raises(Refused, match="maximum of 5 motion-only sessions"):
+        place([motion[0], WorkerLoad(1, 0, {}, CAPACITY, motion={256: 2})], 256, limits,
+              motion_only=True)
+    # ... but the engine renders their frames all the same.
+    assert engine_loads(motion, 25) == pytest.approx({0: 0.4})
+    with pytest.raises(Refused, match="max_engine_load"):
+        place([WorkerLoad(0, 0, {512: 3}, CAPACITY, motion={256: 1})], 256, limits,
+              motion_only=True)

@@ -1,0 +1,98 @@
+"""Motion-only sessions on a real server with a real aiortc peer: no video m-line, no
+encoder; each frame's coefficients on the data channel at 25 per second on the session's
+clock, moving with the speech; the delayed audio still comes back; bad requests refused."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from aiortc import RTCPeerConnection
+
+from server.client import Received, run_session
+
+
+@pytest.fixture(scope="module")
+def session(server, speech_wav) -> tuple[Received, list[dict[str, Any]]]:
+    """What the peer received, and the server's session list near the session's end."""
+    async def run() -> tuple[Received, list[dict[str, Any]]]:
+        peer = asyncio.create_task(run_session(
+            server.url, str(speech_wav), seconds=11.0,
+            options={"motion_only": True, "size": 256}))
+        await asyncio.sleep(10.0)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{server.url}/sessions") as response:
+                listed = (await response.json())["sessions"]
+        return await peer, listed
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def received(session) -> Received:
+    return session[0]
+
+
+def test_the_answer_carries_no_video(received):
+    sdp = received.answer["sdp"]
+    assert "m=audio" in sdp and "m=application" in sdp and "m=video" not in sdp
+    assert received.video.pts == []
+
+
+def test_coefficients_arrive_every_frame_on_the_session_clock(received):
+    frames = [m["frame"] for m in received.coefficients]
+    assert len(frames) >= 24 * 9
+    assert frames == sorted(set(frames))  # each frame once, in order
+    assert sum(np.diff(frames) > 1) <= 0.01 * len(frames)  # < 1% repeated
+    assert all(abs(m["time"] - m["frame"] / 25) < 1e-3 for m in received.coefficients)
+    names = set(received.coefficients[0]["coefficients"])
+    assert {"jawOpen", "headPitch", "headYaw", "headRoll"} <= names
+
+
+def test_jaw_follows_the_speech_and_the_audio_comes_back(received):
+    jaw = np.array([m["coefficients"]["jawOpen"] for m in received.coefficients])
+    assert jaw.max() > 0.3 and np.percentile(jaw, 10) < 0.05  # speech, and pauses
+    rms = np.array([np.sqrt(np.mean(d.astype(np.float32) ** 2)) for d in received.audio.data])
+    assert rms.max() > 500 and np.percentile(rms, 10) < 30
+
+
+def test_the_session_lists_as_motion_only_with_its_stats(session):
+    received, listed = session
+    body = next(s for s in listed if s["session_id"] == received.session_id)
+    assert body["motion_only"] is True and body["size"] == 256
+    assert body["stats"]["frames_sent"] >= 24 * 8 and body["stats"]["fps"] >= 24
+    assert body["stats"]["frames_repeated"] <= 0.01 * body["stats"]["frames_sent"]
+
+
+async def test_a_motion_only_offer_without_a_data_channel_or_with_a_bad_flag_is_refused(
+        server, speech_wav):
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="sendrecv")
+    await pc.setLocalDescription(await pc.createOffer())
+    offer = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{server.url}/metrics") as r:
+                created_before = _created(await r.text())
+            async with http.post(f"{server.url}/offer",
+                                 json={**offer, "options": {"motion_only": True}}) as r:
+                no_channel = (r.status, await r.json())
+            async with http.post(f"{server.url}/offer",
+                                 json={**offer, "options": {"motion_only": "yes"}}) as r:
+                bad_flag = (r.status, await r.json())
+            async with http.get(f"{server.url}/metrics") as r:
+                created_after = _created(await r.text())
+    finally:
+        await pc.close()
+    assert no_channel[0] == 400 and no_channel[1]["error"] == "no_data_channel"
+    assert bad_flag[0] == 400 and bad_flag[1]["error"] == "invalid_options"
+    assert "motion_only" in bad_flag[1]["message"]
+    assert created_before >= 1 and created_after == created_before  # neither made one
+
+
+def _created(exposition: str) -> float:
+    return sum(float(line.split()[-1]) for line in exposition.splitlines()
+               if line.startswith("sonic_sessions_total"))
