@@ -290,13 +290,35 @@ def dispatch_delay(pending: PendingQueue, now: float, max_batch: int, max_wait: 
     return max(0.0, min(oldest.submitted + max_wait - now, slack))
 
 
-def timed_run(engine: Engine, batch: list[FrameInput]) -> tuple[BatchOutput, float]:
+@dataclass(frozen=True)
+class BatchRun:
+    """What came back from the engine's thread: the output of the frames that ran (their
+    indices in the batch) and the engine's own time for them."""
+
+    output: BatchOutput | None
+    ran: list[int]
+    seconds: float
+
+
+def _has_portrait(engine: Engine, slot: int) -> bool:
+    try:
+        engine.frame_size(slot)
+    except KeyError:
+        return False
+    return True
+
+
+def timed_run(engine: Engine, batch: list[FrameInput]) -> BatchRun:
     """Run a batch and time it where it runs (the engine's thread): seconds measured on the
     event loop would add the loop's own delay in resuming, and a busy loop would then make
-    the engine look slow, shrink every batch and drop frames that were never late."""
+    the engine look slow, shrink every batch and drop frames that were never late.
+
+    Frames whose portrait was released while the batch waited (their session ended) are
+    left out, so one session ending cannot fail a batch it shares with others."""
+    ran = [i for i, frame in enumerate(batch) if _has_portrait(engine, frame.slot)]
     start = time.perf_counter()
-    output = engine.run(batch)
-    return output, time.perf_counter() - start
+    output = engine.run([batch[i] for i in ran]) if ran else None
+    return BatchRun(output, ran, time.perf_counter() - start)
 
 
 #: A batch running past ``HANG_FACTOR`` times its expected time is abandoned: its frames
@@ -395,8 +417,8 @@ class Scheduler:
         """Run a batch shape once untimed (first runs allocate), then once into the estimate."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.engine.run, batch)
-        _, seconds = await loop.run_in_executor(self._executor, timed_run, self.engine, batch)
-        self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch), seconds,
+        run = await loop.run_in_executor(self._executor, timed_run, self.engine, batch)
+        self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch), run.seconds,
                              at=loop.time())
 
     def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
@@ -482,8 +504,7 @@ class Scheduler:
         for request in flight.requests:
             self._finish_dropped(request, "hung")
 
-    def _finished(self, flight: _Flight, done: asyncio.Future[tuple[BatchOutput, float]]
-                  ) -> None:
+    def _finished(self, flight: _Flight, done: asyncio.Future[BatchRun]) -> None:
         if flight not in self._in_flight:
             return  # stopped meanwhile: its requests were answered then
         self._in_flight.remove(flight)
@@ -500,10 +521,13 @@ class Scheduler:
             for request in requests:
                 self._finish_dropped(request, "error")
             return
-        output, seconds = done.result()
-        self.estimate.update(requests[0].size, len(requests), seconds, at=now)
-        self._on_batch(len(requests), seconds)
-        for i, request in enumerate(requests):
-            if not request.future.done():
-                request.future.set_result(
-                    FrameResult(output.frames[i], output.coefficients[i]))
+        run = done.result()
+        if run.output is not None:
+            self.estimate.update(requests[0].size, len(run.ran), run.seconds, at=now)
+            self._on_batch(len(run.ran), run.seconds)
+            for row, i in enumerate(run.ran):
+                if not requests[i].future.done():
+                    requests[i].future.set_result(
+                        FrameResult(run.output.frames[row], run.output.coefficients[row]))
+        for request in requests:
+            self._finish_dropped(request, "released")  # those that did not run

@@ -102,7 +102,8 @@ class EngineSettings:
 @dataclass
 class WorkerSettings:
     count: int = setting(0, "media worker processes (WebRTC peers, audio, video encoding); "
-                         "0: one per two cores", low=0)
+                         "0: one per core with a GPU runtime, one per two cores on the CPU",
+                         low=0)
     gpus: int = setting(0, "inference processes, one per GPU, each owning the shared "
                         "scheduler and an engine; 0: every visible GPU (one on the CPU)", low=0)
     embedded: bool = setting(False, "run everything in this one process, the engine on a "

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from inference.engine import Manifest
 from inference.inference_process import InferenceProcess, unlink_ring
-from inference.runtimes import VERIFIED, cuda_device_count, resolve_runtime
+from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
 from server.app import STATIC_DIR, check_model, inference_config
 from server.config import Settings
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
@@ -43,10 +43,13 @@ routes = web.RouteTableDef()
 MAX_RESTART_DELAY_S = 30.0
 
 
-def default_workers() -> int:
-    """One media worker per two cores: a worker's event loop carries about 12 sessions at
-    256x256 before it saturates, and its encoder threads need the other core."""
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+def default_workers(runtime: str) -> int:
+    """One media worker per core where the engine runs on a GPU, one per two cores where it
+    shares the CPU. A worker's event loop is one thread: on an H200 host (16 cores) eight
+    workers held 128 sessions at 256x256 at 21.7 fps, their loops saturated with cores to
+    spare, and sixteen held them at 24.7 fps (BENCHMARKS.md)."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores if runtime in GPU_RUNTIMES else cores // 2)
 
 
 class FrontDoor:
@@ -55,12 +58,12 @@ class FrontDoor:
         self.metrics = FrontDoorMetrics()
         self.runtime = resolve_runtime(settings.engine.runtime)
         gpus = settings.workers.gpus
-        if self.runtime in ("torch-cuda", "tensorrt"):
+        if self.runtime in GPU_RUNTIMES:
             gpus = gpus or cuda_device_count()
             if gpus == 0:
                 raise RuntimeError(f"engine.runtime={self.runtime} but no GPU is visible")
         self.gpu_count = gpus or 1
-        self.worker_count = settings.workers.count or default_workers()
+        self.worker_count = settings.workers.count or default_workers(self.runtime)
         s = settings.session
         self.limits = Limits(
             max_sessions=s.max_sessions,
@@ -88,7 +91,7 @@ class FrontDoor:
 
     # ------------------------------------------------------------------ life cycle
     def _inference_process(self, gpu: int) -> InferenceProcess:
-        on_gpu = self.runtime in ("torch-cuda", "tensorrt")
+        on_gpu = self.runtime in GPU_RUNTIMES
         return InferenceProcess(
             inference_config(self.settings, self.runtime, device=gpu if on_gpu else None),
             os.path.join(self._dir, f"inference-{gpu}.sock"), self._authkey,

@@ -26,11 +26,16 @@ class FakeEngine:
         self.gate.set()
         self.fail = False
         self.batches: list[int] = []  # sizes, as each batch started running
+        self.released: set[int] = set()  # portrait slots released, as a session ends
 
     def frame_size(self, slot: int) -> int:
+        if slot in self.released:
+            raise KeyError(f"unknown or released portrait slot {slot}")
         return SIZE
 
     def run(self, batch: list[FrameInput]) -> BatchOutput:
+        for f in batch:
+            self.frame_size(f.slot)  # as a real engine, it refuses a released portrait
         self.batches.append(len(batch))
         assert self.gate.wait(10)
         time.sleep(self.seconds)
@@ -41,8 +46,8 @@ class FakeEngine:
         return BatchOutput(frames, np.array([[m] for m in marks], np.float32))
 
 
-def frame(mark: int) -> FrameInput:
-    return FrameInput(slot=0, mel=np.zeros((16, 80), np.float32), knobs=np.ones(2, np.float32),
+def frame(mark: int, slot: int = 0) -> FrameInput:
+    return FrameInput(slot=slot, mel=np.zeros((16, 80), np.float32), knobs=np.ones(2, np.float32),
                       clock=np.array([mark, 0.0], np.float32))
 
 
@@ -172,3 +177,21 @@ async def test_a_batch_that_overruns_is_abandoned_and_the_engine_serves_on_after
     await scheduler.stop()
     assert result is not None and int(result.coefficients[0]) == 2
     assert scheduler.stalled_s() == 0.0 and drops == ["hung"]
+
+
+async def test_a_session_ending_while_its_frame_waits_fails_no_one_else_in_the_batch() -> None:
+    engine = FakeEngine()
+    engine.gate.clear()
+    scheduler, drops = await started(engine, max_batch=4)
+    first = scheduler.submit(frame(0), soon())
+    await until(lambda: engine.batches == [1])
+    ended, other = scheduler.submit(frame(1, slot=1), soon()), \
+        scheduler.submit(frame(2, slot=2), soon())
+    await until(lambda: scheduler.in_flight == 2)  # both wait in the engine's thread
+    engine.released.add(1)  # slot 1's session ends meanwhile
+    engine.gate.set()
+    results = await asyncio.gather(first, ended, other)
+    await scheduler.stop()
+    assert results[1] is None and drops == ["released"]
+    assert int(results[0].coefficients[0]) == 0 and int(results[2].coefficients[0]) == 2
+    assert engine.batches == [1, 1]

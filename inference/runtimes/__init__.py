@@ -13,6 +13,8 @@ RUNTIMES: tuple[str, ...] = ("onnxruntime", "torch-cuda", "tensorrt", "auto")
 #: (tests/test_gpu_runtimes.py). TensorRT's builder cannot be installed where this project
 #: is built, so no TensorRT engine has ever been built or run: "auto" never picks it.
 VERIFIED: frozenset[str] = frozenset({"onnxruntime", "torch-cuda"})
+#: Runtimes whose engine runs on a GPU, one inference process per device.
+GPU_RUNTIMES: frozenset[str] = frozenset({"torch-cuda", "tensorrt"})
 
 
 def cuda_device_count() -> int:
