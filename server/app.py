@@ -18,6 +18,7 @@ from inference.service import Inference, InferenceConfig, start_inline
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
 from server.encoding import use_realtime_vp8
+from server.loop_load import LoopLoad
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager
@@ -129,8 +130,9 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         avatars = AvatarStore(inference, settings.avatar, settings.video.size)
         sessions = SessionManager(settings, manifest, inference, avatars, metrics)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
-                            STATIC_DIR)
+                            STATIC_DIR, LoopLoad())
         app[state_key] = state
+        meter = asyncio.get_running_loop().create_task(state.loop_load.run())
         try:
             log.info("warming the audio features (librosa)")
             await asyncio.to_thread(_warm_features, manifest)
@@ -142,6 +144,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
             yield
             await sessions.close_all()
         finally:
+            meter.cancel()
             await inference.stop()
 
     app.cleanup_ctx.append(lifecycle)

@@ -131,6 +131,9 @@ class SessionSettings:
     max_sessions: int = setting(16, "most live sessions", low=1)
     max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
                                        "a data channel, no video to encode)", low=0)
+    max_worker_load: float = setting(0.8, "admit a session on a media worker only while its "
+                                     "event loop, measured each second, would stay busy at "
+                                     "most this share of the time with it", low=0.01, high=1.0)
     max_engine_load: float = setting(0.9, "admit a session only while all sessions need at "
                                      "most this share of the engine's measured capacity",
                                      low=0.001)

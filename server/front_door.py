@@ -70,7 +70,7 @@ class FrontDoor:
             worker_sessions=min(s.max_sessions, math.ceil(2 * s.max_sessions
                                                           / self.worker_count)),
             max_engine_load=s.max_engine_load, fps=settings.video.fps,
-            max_motion_sessions=s.max_motion_sessions,
+            max_motion_sessions=s.max_motion_sessions, max_worker_load=s.max_worker_load,
             worker_motion_sessions=min(s.max_motion_sessions, math.ceil(
                 2 * s.max_motion_sessions / self.worker_count)))
         self.manifest = Manifest.load(settings.manifest_path)
@@ -228,7 +228,8 @@ class FrontDoor:
             out.append(WorkerLoad(worker.index, worker.spec.gpu, counts[False],
                                   {int(k): v for k, v in
                                    health["capacity_fps_by_size"].items()},
-                                  motion=counts[True]))
+                                  motion=counts[True], loop_load=health["loop_load"],
+                                  measured_cost=health["loop_load_cost"]))
         return out
 
     async def _replay_uploads(self, worker: WorkerProcess) -> None:
@@ -331,7 +332,8 @@ async def healthz(request: web.Request) -> web.Response:
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
                      "sessions": workers[w.index].count if w.index in workers else None,
                      "motion_sessions": workers[w.index].motion_count
-                     if w.index in workers else None}
+                     if w.index in workers else None,
+                     "loop_load": workers[w.index].loop_load if w.index in workers else None}
                     for w in door.workers],
         "inference": [{"gpu": g, "pid": p.pid, "alive": p.alive, "max_batch": p.max_batch}
                       for g, p in enumerate(door.inference)],

@@ -22,6 +22,13 @@ class Refused(RuntimeError):
     """No worker can take the session without degrading the ones already running."""
 
 
+def media_cost(sessions: dict[int, int], motion: dict[int, int]) -> float:
+    """Sessions weighted by their media cost: video about with the frame side (measured
+    per session: 0.27 cores at 256x256, 0.46 at 512x512), motion-only a fixed share."""
+    return sum(n * size / 256 for size, n in sessions.items()) + \
+        MOTION_MEDIA_COST * sum(motion.values())
+
+
 @dataclass(frozen=True)
 class WorkerLoad:
     index: int
@@ -29,6 +36,10 @@ class WorkerLoad:
     sessions: dict[int, int]  # its live and reserved video sessions, by frame side
     capacity_fps: dict[int, float]  # its GPU's measured engine capacity, by frame side
     motion: dict[int, int] = field(default_factory=dict)  # motion-only sessions, by side
+    #: Its event loop's measured CPU share, and the media cost of the sessions it carried
+    #: then (its own count, without offers reserved since): the cost of one more follows.
+    loop_load: float = 0.0
+    measured_cost: float = 0.0
 
     @property
     def count(self) -> int:
@@ -40,10 +51,14 @@ class WorkerLoad:
 
     @property
     def media_cost(self) -> float:
-        """Sessions weighted by their media cost, which grows about with the frame side
-        (measured per session: 0.27 cores at 256x256, 0.46 at 512x512)."""
-        return sum(n * size / 256 for size, n in self.sessions.items()) + \
-            MOTION_MEDIA_COST * self.motion_count
+        return media_cost(self.sessions, self.motion)
+
+    def loop_load_with(self, cost: float) -> float:
+        """Its loop's load once a session of media ``cost`` is added, scaled from what its
+        sessions measure now; before any is measured, what the idle loop measures."""
+        if self.measured_cost <= 0:
+            return self.loop_load
+        return self.loop_load * (self.media_cost + cost) / self.measured_cost
 
     def frames(self) -> dict[int, int]:
         """Sessions the engine renders for, video and motion-only, by frame side."""
@@ -64,6 +79,7 @@ class Limits:
     fps: int
     max_motion_sessions: int = 0  # motion-only sessions, the whole server
     worker_motion_sessions: int = 0  # ... and one worker
+    max_worker_load: float = 1.0  # one worker's event loop, as a share of its thread's time
 
 
 def engine_loads(loads: Sequence[WorkerLoad], fps: int) -> dict[int, float]:
@@ -97,6 +113,11 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
     room = [load for load in loads if count(load) < per_worker]
     if not room:
         raise Refused(f"every media worker holds its maximum of {per_worker} {kind}sessions")
+    cost = MOTION_MEDIA_COST if motion_only else size / 256
+    room = [load for load in room if load.loop_load_with(cost) <= limits.max_worker_load]
+    if not room:
+        raise Refused(f"every media worker's event loop would pass session.max_worker_load="
+                      f"{limits.max_worker_load} with another {kind}{size}x{size} session")
     fits = [load for load in room
             if gpus[load.gpu] + load.frame_cost(size, limits.fps) <= limits.max_engine_load]
     if not fits:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -15,6 +16,7 @@ from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
 from server.metrics import Metrics
+from server.placement import media_cost
 from server.session import Session, SessionOptions
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,10 @@ log = logging.getLogger(__name__)
 
 class AtCapacity(RuntimeError):
     pass
+
+
+#: A session this old is connected and streaming, and a second's measure has seen it.
+SETTLED_S = 3.0
 
 
 class SessionManager:
@@ -56,6 +62,16 @@ class SessionManager:
             str(session.avatar.size) for session_id, session in self._sessions.items()
             if session.motion_only == motion_only
             and (not answering or not self._peers.get(session_id))))
+
+    def settled_cost(self, after_s: float = SETTLED_S) -> float:
+        """Media cost of the sessions connected for ``after_s`` or more: those whose load
+        the loop's measure already holds in full."""
+        now = time.time()
+        settled = [s for session_id, s in self._sessions.items()
+                   if self._peers.get(session_id) and now - s.created >= after_s]
+        return media_cost(
+            collections.Counter(s.avatar.size for s in settled if not s.motion_only),
+            collections.Counter(s.avatar.size for s in settled if s.motion_only))
 
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)

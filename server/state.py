@@ -11,6 +11,7 @@ from inference.engine import Manifest
 from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
+from server.loop_load import LoopLoad
 from server.metrics import Metrics
 from server.sessions import SessionManager
 
@@ -25,6 +26,7 @@ class ServerState:
     sessions: SessionManager
     metrics: Metrics
     static_dir: Path
+    loop_load: LoopLoad
 
 
 state_key: web.AppKey[ServerState] = web.AppKey("state", ServerState)

@@ -64,17 +64,27 @@ def test_sessions_land_on_both_workers_and_their_frames_come_back_whole(door, sp
     box = _mouth_box(door, 256)
 
     async def scenario():  # type: ignore[no-untyped-def]
-        async def listing() -> dict:
-            await asyncio.sleep(3)
-            return await asyncio.to_thread(_get, f"{door.url}/sessions")
+        async def listing() -> tuple[dict, dict]:
+            await asyncio.sleep(5)
+            return await asyncio.gather(asyncio.to_thread(_get, f"{door.url}/sessions"),
+                                        asyncio.to_thread(_get, f"{door.url}/healthz"))
 
         return await asyncio.gather(run_session(door.url, str(speech_wav), seconds=7.0),
                                     run_session(door.url, str(speech_wav), seconds=7.0),
                                     listing())
 
-    first, second, listed = asyncio.run(scenario())
+    first, second, (listed, health) = asyncio.run(scenario())
     workers = {s["session_id"]: s["worker"] for s in listed["sessions"]}
     assert sorted(workers.values()) == [0, 1], listed
+    # Each worker's loop measures the session it carries (what admission goes by) ...
+    busy = [w["loop_load"] for w in health["workers"]]
+    assert min(busy) > 0.02, busy
+
+    def calmed() -> bool:  # ... and not a figure that stays put once the sessions end
+        loads = [w["loop_load"] for w in _get(f"{door.url}/healthz")["workers"]]
+        return all(now < b / 2 for now, b in zip(loads, busy, strict=True))
+
+    asyncio.run(_wait_for(calmed, 15, "the loops' load falling once the sessions ended"))
     assert set(workers) == {first.session_id, second.session_id}
     for received in (first, second):
         assert received.video_fps() >= 24.0, received.video_fps()

@@ -66,3 +66,22 @@ def test_motion_only_sessions_have_their_own_caps_and_still_load_the_engine():
     with pytest.raises(Refused, match="max_engine_load"):
         place([WorkerLoad(0, 0, {512: 3}, CAPACITY, motion={256: 1})], 256, limits,
               motion_only=True)
+
+
+def test_a_worker_whose_event_loop_would_pass_its_limit_is_passed_over():
+    limits = Limits(max_sessions=100, worker_sessions=50, max_engine_load=0.9, fps=25,
+                    max_worker_load=0.8)
+    # Worker 0: four settled 256 sessions keep its loop 60% busy, so one more 256 costs
+    # 15% (75%) and one more 512 30% (90%, past the limit). Worker 1 measured 50% for six,
+    # two offers since reserved: another 256 would bring it to 9/6 x 50% = 75%.
+    busy = WorkerLoad(0, 0, {256: 4}, CAPACITY, loop_load=0.6, measured_cost=4.0)
+    reserved = WorkerLoad(1, 0, {256: 8}, CAPACITY, loop_load=0.5, measured_cost=6.0)
+    assert busy.loop_load_with(1.0) == pytest.approx(0.75)
+    assert reserved.loop_load_with(1.0) == pytest.approx(0.75)
+    assert place([busy], 256, limits) == 0
+    with pytest.raises(Refused, match="max_worker_load=0.8"):
+        place([busy], 512, limits)
+    assert place([busy, WorkerLoad(1, 1, {256: 6}, CAPACITY, loop_load=0.1,
+                                   measured_cost=6.0)], 512, limits) == 1
+    # Before any session is measured, the idle loop's own load is all there is to go by.
+    assert place([WorkerLoad(0, 0, {}, CAPACITY, loop_load=0.02)], 512, limits) == 0
