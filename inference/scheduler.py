@@ -321,12 +321,12 @@ def timed_run(engine: Engine, batch: list[FrameInput]) -> BatchRun:
     return BatchRun(output, ran, time.perf_counter() - start)
 
 
-#: A batch running past ``HANG_FACTOR`` times its expected time is abandoned: its frames
-#: are answered None (the sessions repeat their last frame) rather than kept waiting.
+#: A batch running past ``HANG_FACTOR`` times its expected time, and past every one of its
+#: frames' deadlines, is abandoned: its frames are answered None (their sessions have
+#: repeated the last frame already) rather than kept waiting. Before its deadlines a slow
+#: batch is only slow: under load a batch can take tens of milliseconds more than usual
+#: (the engine thread waits for the GIL) and its frames still leave on time.
 HANG_FACTOR = 1.5
-#: ... but never sooner than this past its expected end, because the watch runs on the
-#: event loop, whose own wake-ups can be that late, and a batch on time must not be lost.
-HANG_MARGIN_S = 0.020
 #: A batch shape never timed (its first run allocates or compiles) is given this long.
 HANG_UNTIMED_S = 5.0
 
@@ -348,7 +348,8 @@ class _Flight:
             return float("inf")
         if self.expected <= 0:
             return self.started + HANG_UNTIMED_S
-        return self.started + max(HANG_FACTOR * self.expected, self.expected + HANG_MARGIN_S)
+        return max(self.started + HANG_FACTOR * self.expected,
+                   max(r.deadline for r in self.requests))
 
 
 class Scheduler:

@@ -169,7 +169,7 @@ async def test_a_batch_that_overruns_is_abandoned_and_the_engine_serves_on_after
     scheduler, drops = await started(engine)
     await scheduler.warm_up([frame(0)])  # a frame is now expected to take 10 ms
     engine.gate.clear()  # ... and this one hangs until the gate opens
-    assert await scheduler.submit(frame(1), soon()) is None
+    assert await scheduler.submit(frame(1), soon(0.1)) is None  # once past its deadline
     assert drops == ["hung"] and not engine.gate.is_set()  # answered while still stuck
     await until(lambda: scheduler.stalled_s() > 0.05)
     engine.gate.set()
