@@ -18,7 +18,7 @@ from inference.service import Inference, InferenceConfig, start_inline
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
 from server.encoding import use_realtime_vp8
-from server.loop_load import LoopLoad
+from server.load import LoopLoad
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager

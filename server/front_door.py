@@ -31,8 +31,9 @@ from inference.inference_process import InferenceProcess, unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
 from server.app import STATIC_DIR, check_model, inference_config
 from server.config import Settings
+from server.load import CoresBusy
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
-from server.placement import Limits, Refused, WorkerLoad, engine_loads, place
+from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 from server.signalling import at_capacity, config_body, fail, json_errors
 from server.state import metrics_key, settings_key
 from server.worker import WorkerProcess, WorkerSpec
@@ -71,6 +72,7 @@ class FrontDoor:
                                                           / self.worker_count)),
             max_engine_load=s.max_engine_load, fps=settings.video.fps,
             max_motion_sessions=s.max_motion_sessions, max_worker_load=s.max_worker_load,
+            max_host_load=s.max_host_load,
             worker_motion_sessions=min(s.max_motion_sessions, math.ceil(
                 2 * s.max_motion_sessions / self.worker_count)))
         self.manifest = Manifest.load(settings.manifest_path)
@@ -88,6 +90,9 @@ class FrontDoor:
         self._uploads: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.cores = len(os.sched_getaffinity(0))
+        self.cores_busy = CoresBusy(lambda: [os.getpid(), *(
+            p.pid for p in [*self.inference, *self.workers] if p.pid is not None)])
 
     # ------------------------------------------------------------------ life cycle
     def _inference_process(self, gpu: int) -> InferenceProcess:
@@ -121,6 +126,7 @@ class FrontDoor:
         self.workers = [self._worker_process(i) for i in range(self.worker_count)]
         await asyncio.gather(*(w.start() for w in self.workers))
         self.metrics.workers_alive.set(len(self.workers))
+        self._later(self.cores_busy.run())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -253,7 +259,11 @@ class FrontDoor:
         """A worker for a new session, its place reserved while the offer is answered
         there; raises ``Refused``."""
         async with self._placing:
-            index = place(await self.loads(), size, self.limits, motion_only=motion_only)
+            loads = await self.loads()
+            host = HostLoad(self.cores, self.cores_busy.value,
+                            sum(load.measured_cost for load in loads),
+                            self.settings.session.cores_per_session)
+            index = place(loads, size, self.limits, motion_only=motion_only, host=host)
             self._reserved[index][size, motion_only] += 1
         try:
             yield self.workers[index]
@@ -328,6 +338,9 @@ async def healthz(request: web.Request) -> web.Response:
         # The busiest GPU's share of its engine's capacity (one GPU: as a single server).
         "engine_load": round(max(gpu_loads.values(), default=0.0), 3),
         "engine_load_by_gpu": {str(g): round(v, 3) for g, v in gpu_loads.items()},
+        # The server's processes: cores busy (measured each second) of the cores it has.
+        "cores": door.cores,
+        "cores_busy": round(door.cores_busy.value, 2),
         "frame_size": size,
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
                      "sessions": workers[w.index].count if w.index in workers else None,

@@ -72,6 +72,26 @@ class WorkerLoad:
 
 
 @dataclass(frozen=True)
+class HostLoad:
+    """The server's cores: how many, how many its processes keep busy (measured each
+    second), and the media cost of the settled sessions that measure holds."""
+
+    cores: float
+    busy: float
+    settled_cost: float
+    #: Cores per unit of media cost (a 256x256 video session) until one is measured.
+    prior: float
+
+    def busy_with(self, total_cost: float, cost: float) -> float:
+        """Busy cores once the sessions not yet measured, and one more of ``cost``, run:
+        charged at what the settled ones measure per unit (the idle processes included,
+        so a cautious figure), or at the prior before any has settled. Offers arriving
+        in a burst are thus charged before their load shows."""
+        unit = self.busy / self.settled_cost if self.settled_cost >= 1 else self.prior
+        return self.busy + unit * (max(0.0, total_cost - self.settled_cost) + cost)
+
+
+@dataclass(frozen=True)
 class Limits:
     max_sessions: int  # the whole server
     worker_sessions: int  # one worker (its share of the frame ring)
@@ -80,6 +100,7 @@ class Limits:
     max_motion_sessions: int = 0  # motion-only sessions, the whole server
     worker_motion_sessions: int = 0  # ... and one worker
     max_worker_load: float = 1.0  # one worker's event loop, as a share of its thread's time
+    max_host_load: float = 1.0  # the server's processes, as a share of its cores
 
 
 def engine_loads(loads: Sequence[WorkerLoad], fps: int) -> dict[int, float]:
@@ -92,7 +113,7 @@ def engine_loads(loads: Sequence[WorkerLoad], fps: int) -> dict[int, float]:
 
 
 def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
-          motion_only: bool = False) -> int:
+          motion_only: bool = False, host: HostLoad | None = None) -> int:
     """The worker with the least media cost among those whose worker and GPU have room
     for one more session of ``size`` (video, or ``motion_only``); raises ``Refused``
     naming the limit reached."""
@@ -114,6 +135,12 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
     if not room:
         raise Refused(f"every media worker holds its maximum of {per_worker} {kind}sessions")
     cost = MOTION_MEDIA_COST if motion_only else size / 256
+    if host is not None:
+        busy = host.busy_with(sum(load.media_cost for load in loads), cost)
+        if busy > limits.max_host_load * host.cores:
+            raise Refused(f"the server's {host.cores:g} cores would be {busy:.1f} busy with "
+                          f"another {kind}{size}x{size} session, past "
+                          f"session.max_host_load={limits.max_host_load}")
     room = [load for load in room if load.loop_load_with(cost) <= limits.max_worker_load]
     if not room:
         raise Refused(f"every media worker's event loop would pass session.max_worker_load="

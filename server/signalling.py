@@ -124,7 +124,7 @@ async def healthz(request: web.Request) -> web.Response:
                                                                  motion_only=True),
         "capacity_fps_by_size": {str(s): round(state.inference.capacity_fps(s), 1)
                                  for s in state.settings.video.allowed_sizes},
-        # Share of each second the event loop's thread is on CPU (server/loop_load.py).
+        # Share of each second the event loop's thread is on CPU (server/load.py).
         "loop_load": round(state.loop_load.value, 3),
         # ... and the media cost of the sessions that measure holds (server/placement.py).
         "loop_load_cost": round(state.sessions.settled_cost(), 3),

@@ -11,7 +11,7 @@ from inference.engine import Manifest
 from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
-from server.loop_load import LoopLoad
+from server.load import LoopLoad
 from server.metrics import Metrics
 from server.sessions import SessionManager
 

@@ -79,6 +79,7 @@ def test_sessions_land_on_both_workers_and_their_frames_come_back_whole(door, sp
     # Each worker's loop measures the session it carries (what admission goes by) ...
     busy = [w["loop_load"] for w in health["workers"]]
     assert min(busy) > 0.02, busy
+    assert 0.1 < health["cores_busy"] <= health["cores"], health  # ... as do the cores
 
     def calmed() -> bool:  # ... and not a figure that stays put once the sessions end
         loads = [w["loop_load"] for w in _get(f"{door.url}/healthz")["workers"]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.placement import Limits, Refused, WorkerLoad, engine_loads, place
+from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 
 LIMITS = Limits(max_sessions=10, worker_sessions=4, max_engine_load=0.9, fps=25)
 CAPACITY = {256: 250.0, 512: 100.0}  # frames/s: a 256 session takes 10%, a 512 one 25%
@@ -85,3 +85,19 @@ def test_a_worker_whose_event_loop_would_pass_its_limit_is_passed_over():
                                    measured_cost=6.0)], 512, limits) == 1
     # Before any session is measured, the idle loop's own load is all there is to go by.
     assert place([WorkerLoad(0, 0, {}, CAPACITY, loop_load=0.02)], 512, limits) == 0
+
+
+def test_the_servers_cores_bound_admission_even_before_any_session_is_measured():
+    limits = Limits(max_sessions=1000, worker_sessions=500, max_engine_load=0.9, fps=25,
+                    max_host_load=0.85)
+    workers = [WorkerLoad(0, 0, {256: 60}, {256: 1e5}), WorkerLoad(1, 1, {256: 60}, {256: 1e5})]
+    # A burst: 120 sessions placed, none settled yet, so each is charged the prior 0.11
+    # cores: 1 + 121 x 0.11 = 14.3 cores busy, past 0.85 x 16 = 13.6.
+    cold = HostLoad(cores=16, busy=1.0, settled_cost=0.0, prior=0.11)
+    with pytest.raises(Refused, match="16 cores would be 14.3 busy.*max_host_load=0.85"):
+        place(workers, 256, limits, host=cold)
+    assert place(workers[:1], 256, limits, host=cold) == 0  # 1 + 61 x 0.11 = 7.7
+    # Once 100 have settled at 9 busy cores, each costs 0.09: 9 + 21 x 0.09 = 10.9 fits.
+    warm = HostLoad(cores=16, busy=9.0, settled_cost=100.0, prior=0.11)
+    assert warm.busy_with(120.0, 1.0) == pytest.approx(10.89)
+    assert place(workers, 256, limits, host=warm) == 0

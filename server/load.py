@@ -1,0 +1,71 @@
+"""How busy the server is, measured each second: a worker's event loop, and the cores.
+
+A media worker's peers, audio and features all run on its one event-loop thread, so that
+thread can saturate before the host's cores do (on an H200 host, eight workers at 16
+sessions of 256x256 each fell to 21.7 fps with cores to spare); with enough workers, the
+cores saturate instead (176 sessions of 256x256 took 14.7 of 16). The front door admits
+by both measures, kept current, rather than by a session count fixed in advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterable
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class LoopLoad:
+    """The loop thread's CPU share, measured every ``interval`` seconds and smoothed."""
+
+    def __init__(self, interval: float = 1.0, smoothing: float = 0.5) -> None:
+        self.interval = interval
+        self.smoothing = smoothing
+        self.value = 0.0
+
+    async def run(self) -> None:
+        """Measure until cancelled; call on the loop to be measured."""
+        cpu, wall = time.thread_time(), time.monotonic()
+        while True:
+            await asyncio.sleep(self.interval)
+            now_cpu, now_wall = time.thread_time(), time.monotonic()
+            share = (now_cpu - cpu) / max(now_wall - wall, 1e-6)
+            self.value += self.smoothing * (min(share, 1.0) - self.value)
+            cpu, wall = now_cpu, now_wall
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds a process (all its threads) has used; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CoresBusy:
+    """Cores the server's processes kept busy, measured every ``interval`` seconds over
+    ``pids()`` (the front door, its workers and inference processes) and smoothed."""
+
+    def __init__(self, pids: Callable[[], Iterable[int]], interval: float = 1.0,
+                 smoothing: float = 0.5) -> None:
+        self.pids = pids
+        self.interval = interval
+        self.smoothing = smoothing
+        self.value = 0.0
+
+    async def run(self) -> None:
+        def used() -> dict[int, float]:
+            return {pid: process_cpu_seconds(pid) for pid in self.pids()}
+
+        before, wall = used(), time.monotonic()
+        while True:
+            await asyncio.sleep(self.interval)
+            after, now = used(), time.monotonic()
+            # A process replaced meanwhile counts from its own start.
+            spent = sum(after[p] - before.get(p, 0.0) for p in after)
+            self.value += self.smoothing * (max(spent, 0.0) / (now - wall) - self.value)
+            before, wall = after, now
