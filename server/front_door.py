@@ -31,7 +31,7 @@ from inference.inference_process import InferenceProcess, unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
 from server.app import STATIC_DIR, check_model, inference_config
 from server.config import Settings
-from server.load import CoresBusy
+from server.load import CoresBusy, HostModel
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
 from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 from server.signalling import at_capacity, config_body, fail, json_errors
@@ -93,6 +93,7 @@ class FrontDoor:
         self.cores = len(os.sched_getaffinity(0))
         self.cores_busy = CoresBusy(lambda: [os.getpid(), *(
             p.pid for p in [*self.inference, *self.workers] if p.pid is not None)])
+        self.host_model = HostModel(settings.session.cores_per_session)
 
     # ------------------------------------------------------------------ life cycle
     def _inference_process(self, gpu: int) -> InferenceProcess:
@@ -260,9 +261,10 @@ class FrontDoor:
         there; raises ``Refused``."""
         async with self._placing:
             loads = await self.loads()
-            host = HostLoad(self.cores, self.cores_busy.value,
-                            sum(load.measured_cost for load in loads),
-                            self.settings.session.cores_per_session)
+            busy = self.cores_busy.value
+            self.host_model.observe(busy, sum(load.media_cost for load in loads),
+                                    sum(load.measured_cost for load in loads))
+            host = HostLoad(self.cores, busy, self.host_model.idle, self.host_model.unit)
             index = place(loads, size, self.limits, motion_only=motion_only, host=host)
             self._reserved[index][size, motion_only] += 1
         try:
@@ -341,6 +343,7 @@ async def healthz(request: web.Request) -> web.Response:
         # The server's processes: cores busy (measured each second) of the cores it has.
         "cores": door.cores,
         "cores_busy": round(door.cores_busy.value, 2),
+        "cores_per_session": round(door.host_model.unit, 4),  # per 256x256, as measured
         "frame_size": size,
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
                      "sessions": workers[w.index].count if w.index in workers else None,

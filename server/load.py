@@ -69,3 +69,24 @@ class CoresBusy:
             spent = sum(after[p] - before.get(p, 0.0) for p in after)
             self.value += self.smoothing * (max(spent, 0.0) / (now - wall) - self.value)
             before, wall = after, now
+
+
+class HostModel:
+    """What the server's sessions cost its cores: the cores busy with none (``idle``) and
+    per unit of media cost (``unit``, a 256x256 video session), learnt from what is
+    measured whenever every session is settled, starting from a prior."""
+
+    def __init__(self, prior: float, smoothing: float = 0.3, min_cost: float = 4.0) -> None:
+        self.unit = prior
+        self.idle = 0.0
+        self.smoothing = smoothing
+        self.min_cost = min_cost
+
+    def observe(self, busy: float, total_cost: float, settled_cost: float) -> None:
+        """One reading: cores ``busy`` with sessions of ``total_cost``, of which
+        ``settled_cost`` have run long enough for ``busy`` to hold them in full."""
+        if total_cost == 0:
+            self.idle += self.smoothing * (busy - self.idle)
+        elif settled_cost >= max(self.min_cost, total_cost):
+            measured = max(0.01, (busy - self.idle) / settled_cost)
+            self.unit += self.smoothing * (measured - self.unit)

@@ -74,21 +74,19 @@ class WorkerLoad:
 @dataclass(frozen=True)
 class HostLoad:
     """The server's cores: how many, how many its processes keep busy (measured each
-    second), and the media cost of the settled sessions that measure holds."""
+    second), how many they keep busy with no session, and the cores one unit of media
+    cost (a 256x256 video session) takes, as last measured in a steady state."""
 
     cores: float
     busy: float
-    settled_cost: float
-    #: Cores per unit of media cost (a 256x256 video session) until one is measured.
-    prior: float
+    idle: float
+    unit: float
 
     def busy_with(self, total_cost: float, cost: float) -> float:
-        """Busy cores once the sessions not yet measured, and one more of ``cost``, run:
-        charged at what the settled ones measure per unit (the idle processes included,
-        so a cautious figure), or at the prior before any has settled. Offers arriving
-        in a burst are thus charged before their load shows."""
-        unit = self.busy / self.settled_cost if self.settled_cost >= 1 else self.prior
-        return self.busy + unit * (max(0.0, total_cost - self.settled_cost) + cost)
+        """Busy cores with every session placed (``total_cost``, reserved offers included)
+        and one more of ``cost``: the model's figure, so that offers arriving in a burst
+        are charged before their load shows, or, if more, what is measured now plus it."""
+        return max(self.idle + self.unit * (total_cost + cost), self.busy + self.unit * cost)
 
 
 @dataclass(frozen=True)

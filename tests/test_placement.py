@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from server.load import HostModel
 from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 
 LIMITS = Limits(max_sessions=10, worker_sessions=4, max_engine_load=0.9, fps=25)
@@ -91,13 +92,22 @@ def test_the_servers_cores_bound_admission_even_before_any_session_is_measured()
     limits = Limits(max_sessions=1000, worker_sessions=500, max_engine_load=0.9, fps=25,
                     max_host_load=0.85)
     workers = [WorkerLoad(0, 0, {256: 60}, {256: 1e5}), WorkerLoad(1, 1, {256: 60}, {256: 1e5})]
-    # A burst: 120 sessions placed, none settled yet, so each is charged the prior 0.11
-    # cores: 1 + 121 x 0.11 = 14.3 cores busy, past 0.85 x 16 = 13.6.
-    cold = HostLoad(cores=16, busy=1.0, settled_cost=0.0, prior=0.11)
-    with pytest.raises(Refused, match="16 cores would be 14.3 busy.*max_host_load=0.85"):
-        place(workers, 256, limits, host=cold)
-    assert place(workers[:1], 256, limits, host=cold) == 0  # 1 + 61 x 0.11 = 7.7
-    # Once 100 have settled at 9 busy cores, each costs 0.09: 9 + 21 x 0.09 = 10.9 fits.
-    warm = HostLoad(cores=16, busy=9.0, settled_cost=100.0, prior=0.11)
-    assert warm.busy_with(120.0, 1.0) == pytest.approx(10.89)
-    assert place(workers, 256, limits, host=warm) == 0
+    # A burst: 120 sessions placed, their load not yet showing (1 core busy), so each is
+    # charged 0.11 cores: 0.5 + 121 x 0.11 = 13.8 cores, past 0.85 x 16 = 13.6.
+    host = HostLoad(cores=16, busy=1.0, idle=0.5, unit=0.11)
+    with pytest.raises(Refused, match="16 cores would be 13.8 busy.*max_host_load=0.85"):
+        place(workers, 256, limits, host=host)
+    assert place(workers[:1], 256, limits, host=host) == 0  # 0.5 + 61 x 0.11 = 7.2
+    # What is measured counts when it is more: sessions costlier than thought.
+    assert HostLoad(cores=16, busy=13.0, idle=0.5, unit=0.11).busy_with(60, 1) == 13.11
+
+
+def test_the_host_model_learns_from_steady_states_only():
+    model = HostModel(prior=0.11)
+    model.observe(busy=0.6, total_cost=0, settled_cost=0)  # no session: idle
+    assert model.idle == pytest.approx(0.18) and model.unit == 0.11
+    model.observe(busy=5.0, total_cost=50, settled_cost=20)  # some still starting: ignored
+    assert model.unit == 0.11
+    for _ in range(30):
+        model.observe(busy=5.0 + model.idle, total_cost=50, settled_cost=50)
+    assert model.unit == pytest.approx(0.1, abs=1e-3)  # 5 cores for 50
