@@ -65,8 +65,9 @@ class CoresBusy:
         while True:
             await asyncio.sleep(self.interval)
             after, now = used(), time.monotonic()
-            # A process replaced meanwhile counts from its own start.
-            spent = sum(after[p] - before.get(p, 0.0) for p in after)
+            # A process started meanwhile counts from the next interval: its start-up
+            # (loading, warming up) is not load that sessions put there.
+            spent = sum(after[p] - before[p] for p in after if p in before)
             self.value += self.smoothing * (max(spent, 0.0) / (now - wall) - self.value)
             before, wall = after, now
 
