@@ -12,21 +12,27 @@ from dataclasses import dataclass, field
 
 #: A motion-only session's media cost against a 256x256 video session's. It has no encoder
 #: and no video packets, but its audio both ways, its features and its data channel
-#: (aiortc's SCTP is Python) remain: a worker measured 0.070-0.075 cores per motion-only
-#: session against 0.095-0.10 per 256x256 one (2-core machine, 4 sessions each,
-#: ``benchmarks.sessions``).
-MOTION_MEDIA_COST = 0.75
+#: (aiortc's SCTP is Python) remain: 0.064 cores a session against 0.106 on the H200 host,
+#: 0.07 against 0.1 on the 2-core machine (BENCHMARKS.md).
+MOTION_MEDIA_COST = 0.6
 
 
 class Refused(RuntimeError):
     """No worker can take the session without degrading the ones already running."""
 
 
+def session_cost(size: int, motion_only: bool = False) -> float:
+    """One session's media cost, a 256x256 video session being 1. Video grows with the
+    square root of the frame's side: the H200 host measured 0.147 cores a session at
+    512x512 against 0.106 at 256x256, 1.39 times (the square root of 2 is 1.41). Encoding,
+    the part that grows with the pixels, is the smaller share."""
+    return MOTION_MEDIA_COST if motion_only else (size / 256) ** 0.5
+
+
 def media_cost(sessions: dict[int, int], motion: dict[int, int]) -> float:
-    """Sessions weighted by their media cost: video about with the frame side (measured
-    per session: 0.27 cores at 256x256, 0.46 at 512x512), motion-only a fixed share."""
-    return sum(n * size / 256 for size, n in sessions.items()) + \
-        MOTION_MEDIA_COST * sum(motion.values())
+    """Sessions, video by frame side and motion-only, weighted by ``session_cost``."""
+    return sum(n * session_cost(size) for size, n in sessions.items()) + \
+        sum(n * session_cost(size, motion_only=True) for size, n in motion.items())
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,7 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
     room = [load for load in loads if count(load) < per_worker]
     if not room:
         raise Refused(f"every media worker holds its maximum of {per_worker} {kind}sessions")
-    cost = MOTION_MEDIA_COST if motion_only else size / 256
+    cost = session_cost(size, motion_only)
     if host is not None:
         busy = host.busy_with(sum(load.media_cost for load in loads), cost)
         if busy > limits.max_host_load * host.cores:

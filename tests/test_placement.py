@@ -17,8 +17,8 @@ def load(index: int, gpu: int = 0, **sessions: int) -> WorkerLoad:
 
 
 def test_the_worker_with_the_least_media_cost_gets_the_session():
-    # A 512 session costs about two 256 ones: three small ones weigh more than one large.
-    assert place([load(0, s256=3), load(1, s512=1)], 256, LIMITS) == 1
+    # A 512 session costs about 1.4 of a 256 one: two small ones weigh more than one large.
+    assert place([load(0, s256=2), load(1, s512=1)], 256, LIMITS) == 1
     assert place([load(0, s256=1), load(1, s512=1)], 256, LIMITS) == 0
     assert place([load(0), load(1)], 512, LIMITS) == 0  # ties go to the lower index
 
