@@ -194,6 +194,8 @@ def main() -> None:
     parser.add_argument("wav")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--avatar")
+    parser.add_argument("--motion-only", action="store_true",
+                        help="no video: count the coefficients sent on the data channel")
     parser.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                         help="offer only these host candidates (default 127.0.0.1 for a "
                              "loopback server URL)")
@@ -202,12 +204,15 @@ def main() -> None:
     if hosts is None and urlparse(args.url).hostname in ("127.0.0.1", "localhost"):
         hosts = ["127.0.0.1"]
     pin_host_addresses(hosts or [])
+    options = {"motion_only": True} if args.motion_only else None
     received = asyncio.run(run_session(args.url, args.wav, seconds=args.seconds,
-                                       avatar=args.avatar, keep=False))
+                                       avatar=args.avatar, options=options, keep=False))
     print(json.dumps({"session_id": received.session_id,
                       "video_frames": len(received.video.pts),
                       "audio_frames": len(received.audio.pts),
-                      "video_fps": round(received.video_fps(), 2)}))
+                      "video_fps": round(received.video_fps(), 2),
+                      "coefficient_messages": len(received.coefficients),
+                      "motion_fps": round(received.motion_fps(), 2)}))
 
 
 if __name__ == "__main__":
