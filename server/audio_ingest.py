@@ -1,9 +1,15 @@
-"""Audio in: a peer's audio frames into one 48 kHz mono stream, behind a jitter/drift buffer.
+"""Audio in: a peer's audio frames into one 48 kHz mono stream, behind an adaptive buffer.
 
-The session clock reads fixed 20 ms chunks at its own pace; this buffer absorbs network
-jitter (it refills to ``jitter_ms`` after running dry) and sender clock drift (past
-``max_buffer_ms`` it drops the oldest audio). Every chunk read remembers when its first
-sample arrived, so the pipeline delay can be measured from the real arrival time.
+The session clock reads fixed 20 ms chunks at its own pace. This buffer absorbs network
+jitter (it refills to ``jitter_ms`` after running dry) and steers its level back to that
+target whatever the sender does: audio held beyond it (a backlog after a stall, a sender
+clock running fast) is played up to 10% faster, and a level below it (a slow sender
+clock, growing jitter) a little slower, by removing or repeating whole pitch periods or
+quiet stretches (``server.time_scale``). So the delay comes back after a stall instead of
+staying, and clock skew never accumulates. Video follows the same output stream, so lips
+and sound stay together. Past ``max_buffer_ms`` the oldest audio is still dropped, as a
+last resort. Every chunk read remembers when its first sample arrived, so the pipeline
+delay can be measured from the real arrival time.
 """
 
 from __future__ import annotations
@@ -18,9 +24,21 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.media_clock import AUDIO_RATE
+from server.time_scale import FADE, MIN_LAG, best_lag, splice_in, splice_out
 
 log = logging.getLogger(__name__)
 
+#: Playout runs at most this much faster or slower than real time.
+MAX_RATE = 0.10
+#: The buffer's error is corrected over about this many chunks (1 s) until MAX_RATE binds.
+RESPONSE_CHUNKS = 50
+#: Reads over which the buffer's level is averaged (0.5 s): one late or missing packet
+#: moves the average a little, a backlog or a skewed clock moves it for good.
+LEVEL_WINDOW = 25
+#: Below this RMS (about -40 dBFS) a stretch counts as quiet: any lag splices unheard.
+QUIET_RMS = 300.0
+#: A voiced splice needs the signal to repeat this well at the lag.
+MIN_MATCH = 0.6
 
 
 @dataclass
@@ -28,6 +46,8 @@ class IngestStats:
     received_samples: int = 0
     underruns: int = 0
     dropped_samples: int = 0
+    removed_samples: int = 0  # played faster: samples spliced out
+    repeated_samples: int = 0  # played slower: samples spliced in
 
 
 class AudioIngest:
@@ -41,6 +61,8 @@ class AudioIngest:
         self._segments: deque[tuple[np.ndarray, float]] = deque()
         self._level = 0
         self._buffering = True
+        self._lows: deque[int] = deque(maxlen=LEVEL_WINDOW)
+        self._debt = 0.0  # samples to remove (> 0) or repeat (< 0) as splices allow
         self.last_push: float | None = None
 
     @property
@@ -55,20 +77,69 @@ class AudioIngest:
         self.stats.received_samples += samples.size
         self.last_push = arrival
         if self._level > self.limit:
-            self._drop(self._level - self.target)
+            self._drop(self._level - self.target - self.chunk)
 
     def read(self) -> tuple[np.ndarray, float | None]:
-        """One chunk and the arrival time of its first sample; silence (None) when dry."""
+        """One chunk and the arrival time of its first sample; silence (None) when dry.
+        Before each read the buffer holds the chunk plus ``jitter_ms`` of audio (refilled
+        to that after running dry, steered back to it otherwise): after it, ``jitter_ms``
+        of audio is left to ride out a late packet."""
+        target = self.target + self.chunk
         if self._buffering:
-            if self._level < max(self.target, self.chunk):
+            if self._level < target:
                 return np.zeros(self.chunk, np.int16), None
             self._buffering = False
+            self._lows.clear()
+            self._debt = 0.0
         if self._level < self.chunk:
             self.stats.underruns += 1
             self._buffering = True
             return np.zeros(self.chunk, np.int16), None
+        self._lows.append(self._level)
+        step = MAX_RATE * self.chunk
+        error = (sum(self._lows) / len(self._lows) - target) / RESPONSE_CHUNKS
+        self._debt = float(np.clip(self._debt + np.clip(error, -step, step),
+                                   -2 * self.chunk, 2 * self.chunk))
         arrival = self._segments[0][1]
-        return self._take(self.chunk), arrival
+        return self._scaled_chunk(), arrival
+
+    def _scaled_chunk(self) -> np.ndarray:
+        """The next chunk of output: plain, or with one splice where the debt calls for one
+        and the audio allows it unheard (a quiet stretch, or a repeating voiced one)."""
+        n = self.chunk
+        if self._debt >= MIN_LAG:
+            hi = min(int(self._debt), n, self._level - n)
+            lag = self._splice_lag(self._peek(n + hi), hi) if hi >= MIN_LAG else 0
+            if lag:
+                self._debt -= lag
+                self.stats.removed_samples += lag
+                return splice_out(self._take(n + lag), lag)
+        elif self._debt <= -MIN_LAG:
+            hi = min(int(-self._debt), (n - FADE) // 2)
+            lag = self._splice_lag(self._peek(n), hi)
+            if lag:
+                self._debt += lag
+                self.stats.repeated_samples += lag
+                return splice_in(self._take(n - lag), lag)
+        return self._take(n)
+
+    @staticmethod
+    def _splice_lag(x: np.ndarray, hi: int) -> int:
+        """A lag up to ``hi`` at which ``x`` splices unheard, or 0 if none here."""
+        signal = x[:hi + FADE].astype(np.float32)
+        if float(np.sqrt(np.mean(signal * signal))) < QUIET_RMS:
+            return hi
+        lag, match = best_lag(x, MIN_LAG, hi)
+        return lag if match >= MIN_MATCH else 0
+
+    def _peek(self, count: int) -> np.ndarray:
+        parts, have = [], 0
+        for samples, _ in self._segments:
+            parts.append(samples[:count - have])
+            have += parts[-1].size
+            if have >= count:
+                break
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def _take(self, count: int) -> np.ndarray:
         parts = []

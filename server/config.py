@@ -122,10 +122,12 @@ class SchedulerSettings:
 class SessionSettings:
     pipeline_delay_ms: float = setting(130.0, "audio in to frame out: the outbound audio is "
                                        "the input delayed by exactly this", low=60.0)
-    jitter_ms: float = setting(30.0, "inbound audio held back to absorb network jitter",
-                               low=0.0)
-    max_buffer_ms: float = setting(300.0, "inbound audio beyond this is dropped (sender clock "
-                                   "faster than ours)", low=20.0)
+    jitter_ms: float = setting(30.0, "inbound audio held beyond the 20 ms chunk being read, "
+                               "to ride out a late packet; after a stall or with a skewed "
+                               "sender clock the buffer is steered back to it by playing "
+                               "up to 10% faster or slower", low=0.0)
+    max_buffer_ms: float = setting(300.0, "inbound audio beyond this is dropped at once (a "
+                                   "last resort behind the steering)", low=20.0)
     peer_timeout_s: float = setting(10.0, "a session whose peer sends no media for this long "
                                     "(or never connects) is closed", low=0.1)
     max_sessions: int = setting(16, "most live sessions", low=1)
@@ -170,8 +172,8 @@ class Settings:
              f"{self.video.allowed_sizes}"),
             (all(s % 16 == 0 for s in self.video.allowed_sizes),
              f"video.allowed_sizes={self.video.allowed_sizes}: each must be a multiple of 16"),
-            (self.session.jitter_ms < self.session.max_buffer_ms,
-             f"session.jitter_ms={self.session.jitter_ms} must be below "
+            (self.session.jitter_ms + 20 < self.session.max_buffer_ms,
+             f"session.jitter_ms={self.session.jitter_ms} plus a 20 ms chunk must be below "
              f"session.max_buffer_ms={self.session.max_buffer_ms}"),
         ]
         for ok, message in checks:

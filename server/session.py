@@ -354,6 +354,12 @@ class Session:
                       "underruns": self.ingest.stats.underruns,
                       "dropped_ms": round(1000 * self.ingest.stats.dropped_samples
                                           / AUDIO_RATE, 1),
+                      # Played faster (spliced out) or slower (spliced in) to keep the
+                      # buffer at its target: server/audio_ingest.py.
+                      "removed_ms": round(1000 * self.ingest.stats.removed_samples
+                                          / AUDIO_RATE, 1),
+                      "repeated_ms": round(1000 * self.ingest.stats.repeated_samples
+                                           / AUDIO_RATE, 1),
                       "received_s": round(self.ingest.stats.received_samples
                                           / AUDIO_RATE, 2)},
             "coefficients": coefficients,

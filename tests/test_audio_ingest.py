@@ -9,12 +9,13 @@ def _ingest() -> AudioIngest:
     return AudioIngest(chunk_samples=960, jitter_ms=40, max_buffer_ms=200)
 
 
-def test_buffer_waits_for_jitter_target_then_streams_in_order():
+def test_buffer_waits_for_a_chunk_plus_the_jitter_target_then_streams_in_order():
     ingest = _ingest()
-    ingest.push(np.arange(960, dtype=np.int16), arrival=1.0)
-    chunk, arrival = ingest.read()
-    assert arrival is None and not chunk.any()  # still filling to 40 ms
-    ingest.push(np.arange(960, 1920, dtype=np.int16), arrival=1.02)
+    for i in range(2):
+        ingest.push(np.arange(960 * i, 960 * (i + 1), dtype=np.int16), arrival=1.0 + 0.02 * i)
+        chunk, arrival = ingest.read()
+        assert arrival is None and not chunk.any()  # still filling to 20 + 40 ms
+    ingest.push(np.arange(1920, 2880, dtype=np.int16), arrival=1.04)
     chunk, arrival = ingest.read()
     assert arrival == 1.0 and chunk[0] == 0 and chunk[-1] == 959
     chunk, arrival = ingest.read()
@@ -23,8 +24,8 @@ def test_buffer_waits_for_jitter_target_then_streams_in_order():
 
 def test_underrun_gives_silence_and_refills():
     ingest = _ingest()
-    ingest.push(np.ones(1920, np.int16), 0.0)
-    ingest.read(), ingest.read()
+    ingest.push(np.ones(2880, np.int16), 0.0)
+    ingest.read(), ingest.read(), ingest.read()
     chunk, arrival = ingest.read()
     assert arrival is None and not chunk.any()
     assert ingest.stats.underruns == 1
@@ -34,10 +35,10 @@ def test_overflow_drops_oldest_down_to_target():
     ingest = _ingest()
     for i in range(11):  # 220 ms > 200 ms limit
         ingest.push(np.full(960, i, np.int16), float(i))
-    assert ingest.level == 1920  # back to the 40 ms target
+    assert ingest.level == 2880  # back to a chunk plus the 40 ms target
     chunk, arrival = ingest.read()
-    assert chunk[0] == 9 and arrival == 9.0
-    assert ingest.stats.dropped_samples == 11 * 960 - 1920
+    assert chunk[0] == 8 and arrival == 8.0
+    assert ingest.stats.dropped_samples == 11 * 960 - 2880
 
 
 def test_stereo_s16_takes_one_channel_without_gain():
