@@ -132,15 +132,18 @@ async def _consume(track: MediaStreamTrack, receiver: RTCRtpReceiver, stream: St
 
 async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | None = None,
                       options: dict[str, Any] | None = None, keep: bool = True,
-                      hang_up: bool = True, coefficients: bool = False) -> Received:
-    """Offer, stream ``wav`` in real time, and record ``seconds`` of what comes back
-    (with ``coefficients``, also the motion coefficients sent on a data channel). With
-    ``options={"motion_only": True}`` the offer asks for no video, only coefficients."""
+                      hang_up: bool = True, coefficients: bool = False,
+                      audio: MediaStreamTrack | None = None) -> Received:
+    """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
+    ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
+    sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
+    video, only coefficients."""
     motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    player = MediaPlayer(wav)
-    assert player.audio is not None
-    pc.addTrack(player.audio)
+    if audio is None:
+        audio = MediaPlayer(wav).audio
+    assert audio is not None
+    pc.addTrack(audio)
     if not motion_only:
         pc.addTransceiver("video", direction="recvonly")
     messages: list[dict[str, Any]] = []
