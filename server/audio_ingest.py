@@ -98,8 +98,8 @@ class AudioIngest:
         self._lows.append(self._level)
         step = MAX_RATE * self.chunk
         error = (sum(self._lows) / len(self._lows) - target) / RESPONSE_CHUNKS
-        self._debt = float(np.clip(self._debt + np.clip(error, -step, step),
-                                   -2 * self.chunk, 2 * self.chunk))
+        debt = self._debt + min(max(error, -step), step)
+        self._debt = min(max(debt, -2.0 * self.chunk), 2.0 * self.chunk)
         arrival = self._segments[0][1]
         return self._scaled_chunk(), arrival
 
