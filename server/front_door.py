@@ -34,7 +34,16 @@ from server.config import Settings
 from server.load import CoresBusy, HostModel
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
 from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
-from server.signalling import at_capacity, config_body, fail, json_errors
+from server.signalling import (
+    allowed_hosts,
+    at_capacity,
+    config_body,
+    fail,
+    host_check,
+    json_errors,
+    parse_json_object,
+    require_json,
+)
 from server.state import metrics_key, settings_key
 from server.worker import WorkerProcess, WorkerSpec
 
@@ -107,9 +116,13 @@ class FrontDoor:
     def _worker_process(self, index: int) -> WorkerProcess:
         self._generation[index] += 1
         gpu = index % self.gpu_count
-        settings = dataclasses.replace(self.settings, session=dataclasses.replace(
-            self.settings.session, max_sessions=self.limits.worker_sessions,
-            max_motion_sessions=self.limits.worker_motion_sessions))
+        settings = dataclasses.replace(
+            self.settings,
+            session=dataclasses.replace(
+                self.settings.session, max_sessions=self.limits.worker_sessions,
+                max_motion_sessions=self.limits.worker_motion_sessions),
+            # A worker answers the front door only, which calls it "worker" (worker.py).
+            http=dataclasses.replace(self.settings.http, allowed_hosts=["worker"]))
         spec = WorkerSpec(
             index=index, gpu=gpu, settings=settings, runtime=self.runtime,
             socket_path=os.path.join(self._dir, f"worker-{index}.sock"),
@@ -371,13 +384,9 @@ async def metrics(request: web.Request) -> web.Response:
 @routes.post("/offer")
 async def offer(request: web.Request) -> web.Response:
     door = _door(request)
-    body = await request.read()
-    try:
-        parsed = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        fail(400, "invalid_json", "request body must be a JSON object")
-    options = parsed.get("options") if isinstance(parsed, dict) else None
-    options = options if isinstance(options, dict) else {}
+    require_json(request)
+    options = parse_json_object(await request.read()).get("options")
+    options = options if isinstance(options, dict) else {}  # the worker names the problem
     size = options.get("size", door.settings.video.size)
     if size not in door.settings.video.allowed_sizes:
         size = door.settings.video.size  # the worker names the problem
@@ -448,7 +457,8 @@ async def upload_avatar(request: web.Request) -> web.Response:
 
 def create_front_door(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.http.max_body_bytes,
-                          middlewares=[json_errors])
+                          middlewares=[json_errors,
+                                       host_check(allowed_hosts(settings.http))])
     app.add_routes(routes)
     app.router.add_static("/static/", STATIC_DIR)
     door = FrontDoor(settings)

@@ -7,6 +7,7 @@ video and the delayed audio back. ICE is gathered fully before the answer (no tr
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 import aioice.ice
@@ -24,6 +25,12 @@ from server.config import IceSettings
 from server.session import Session
 
 log = logging.getLogger(__name__)
+
+
+_ICE_UFRAG = re.compile(r"[A-Za-z0-9+/]{4,256}")
+_ICE_PWD = re.compile(r"[A-Za-z0-9+/]{22,256}")
+#: The certificate fingerprints aiortc can check a peer's DTLS certificate against.
+DTLS_FINGERPRINTS = ("sha-256", "sha-384", "sha-512")
 
 
 class OfferError(ValueError):
@@ -81,6 +88,15 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
         if m.ice is None or not m.ice.usernameFragment or not m.dtls or not m.dtls.fingerprints:
             raise OfferError("malformed_sdp", f"{m.kind} m-line lacks ICE credentials or a "
                              "DTLS fingerprint")
+        # What would only fail later, after a session was made (RFC 8839 ice-char, 4-256
+        # characters of ufrag, 22-256 of password; aiortc checks sha-256/384/512).
+        if not _ICE_UFRAG.fullmatch(m.ice.usernameFragment) or \
+                not _ICE_PWD.fullmatch(m.ice.password or ""):
+            raise OfferError("bad_ice_credentials", f"{m.kind} m-line: the ICE ufrag must be "
+                             "4-256 and the password 22-256 characters of [A-Za-z0-9+/]")
+        if not any(f.algorithm.lower() in DTLS_FINGERPRINTS for f in m.dtls.fingerprints):
+            raise OfferError("bad_fingerprint", f"{m.kind} m-line: no DTLS fingerprint in "
+                             f"{', '.join(DTLS_FINGERPRINTS)}")
     return sdp
 
 

@@ -6,6 +6,7 @@ Every error is JSON ``{"error": <code>, "message": <what is wrong>}`` with a 4xx
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from typing import Any, NoReturn
@@ -17,7 +18,7 @@ from inference.engine import KNOBS
 from inference.images import PortraitError
 from inference.runtimes import VERIFIED
 from server.avatars import DEFAULT_AVATAR, UnknownAvatar
-from server.config import Settings
+from server.config import HttpSettings, Settings
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
@@ -51,6 +52,34 @@ def at_capacity(message: str) -> NoReturn:
     raise ApiError(503, "at_capacity", message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def allowed_hosts(settings: HttpSettings) -> frozenset[str] | None:
+    """The Host names requests may carry, or None for any. A server on loopback answers
+    loopback names only: a web page whose name an attacker re-points at 127.0.0.1 (DNS
+    rebinding) would otherwise reach it as its own origin."""
+    if settings.allowed_hosts:
+        return frozenset(h.lower() for h in settings.allowed_hosts)
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    return LOOPBACK_NAMES if loopback else None
+
+
+def host_check(allowed: frozenset[str] | None) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        host = (request.url.host or "").lower()
+        if allowed is not None and host not in allowed:
+            fail(403, "host_not_allowed", f"Host {host!r} is not served here (allowed: "
+                 f"{', '.join(sorted(allowed))}; http.allowed_hosts)")
+        return await handler(request)
+
+    return check
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Turn aiohttp's own errors (404, 405, 413) into the JSON error shape too."""
@@ -77,16 +106,30 @@ def _state(request: web.Request) -> ServerState:
     return request.app[state_key]
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+def parse_json_object(text: bytes | str) -> dict[str, Any]:
+    """A request body as a JSON object, or 400 ``invalid_json`` saying why."""
     try:
-        body = await request.json()
-    except web.HTTPRequestEntityTooLarge:
-        raise
+        body = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         fail(400, "invalid_json", "request body must be a JSON object")
+    except RecursionError:
+        fail(400, "invalid_json", "request body is nested too deeply")
     if not isinstance(body, dict):
         fail(400, "invalid_json", "request body must be a JSON object")
     return body
+
+
+def require_json(request: web.Request) -> None:
+    """415 unless the body is declared JSON. A web page on another origin can send text or
+    form bodies without asking first (no CORS preflight), but not JSON."""
+    if request.content_type != "application/json":
+        fail(415, "unsupported_media_type", f"{request.method} {request.path} takes "
+             f"Content-Type: application/json, not {request.content_type or 'none'}")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    require_json(request)
+    return parse_json_object(await request.read())
 
 
 @routes.get("/")
@@ -162,9 +205,12 @@ async def metrics(request: web.Request) -> web.Response:
 async def offer(request: web.Request) -> web.Response:
     state = _state(request)
     body = await _json_body(request)
-    raw_options = body.get("options") or {}
+    raw_options = body.get("options")
+    if raw_options is None:
+        raw_options = {}
     if not isinstance(raw_options, dict):
-        fail(400, "invalid_options", '"options" must be a JSON object')
+        fail(400, "invalid_options", f'"options" must be a JSON object, got '
+             f'{json.dumps(raw_options)}')
     raw_options = dict(raw_options)
     motion_only = raw_options.pop("motion_only", False)
     if not isinstance(motion_only, bool):
@@ -174,9 +220,12 @@ async def offer(request: web.Request) -> web.Response:
         sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=motion_only)
     except OfferError as exc:
         fail(400, exc.code, str(exc))
-    avatar_id = body.get("avatar") or DEFAULT_AVATAR
-    if not isinstance(avatar_id, str):
-        fail(400, "invalid_avatar", '"avatar" must be a string avatar id')
+    avatar_id = body.get("avatar")
+    if avatar_id is None:
+        avatar_id = DEFAULT_AVATAR
+    if not isinstance(avatar_id, str) or not avatar_id:
+        fail(400, "invalid_avatar", f'"avatar" must be an avatar id (a string), got '
+             f'{json.dumps(avatar_id)}')
     size = raw_options.pop("size", state.settings.video.size)
     if size not in state.settings.video.allowed_sizes:
         fail(400, "invalid_options", f"options.size={size!r} must be one of "

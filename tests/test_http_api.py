@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import struct
@@ -52,6 +53,9 @@ def _png_claiming(width: int, height: int) -> bytes:
         b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 async def _expect(http: aiohttp.ClientSession, method: str, url: str, status: int, code: str,
                   **kwargs) -> dict:
     async with http.request(method, url, **kwargs) as response:
@@ -75,7 +79,8 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
     valid = await _offer_sdp()
     url = server.url
     async with aiohttp.ClientSession() as http:
-        await _expect(http, "POST", f"{url}/offer", 400, "invalid_json", data=b"{not json")
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_json", data=b"{not json",
+                      headers=JSON)
         await _expect(http, "POST", f"{url}/offer", 400, "invalid_json", json=[1, 2])
         await _expect(http, "POST", f"{url}/offer", 400, "missing_sdp", json={"type": "offer"})
         await _expect(http, "POST", f"{url}/offer", 400, "not_an_offer",
@@ -97,7 +102,7 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
         await _expect(http, "POST", f"{url}/offer", 400, "invalid_options",
                       json={"sdp": valid, "type": "offer", "options": {"size": 300}})
         await _expect(http, "POST", f"{url}/offer", 413, "body_too_large",
-                      data=b"x" * (9 * 1024 * 1024))
+                      data=b"x" * (9 * 1024 * 1024), headers=JSON)
         await _expect(http, "POST", f"{url}/avatars", 413, "body_too_large",
                       data=b"x" * (9 * 1024 * 1024))
         await _expect(http, "POST", f"{url}/avatars", 400, "not_an_image",
@@ -133,6 +138,52 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
         async with http.get(f"{url}/healthz") as response:
             health = await response.json()
         assert health["status"] == "ok" and health["session_capacity"] >= 2
+
+
+async def test_protocol_hygiene_every_answer_is_json_and_nothing_is_made(server):
+    valid = await _offer_sdp()
+    url = server.url
+
+    def broken(old: str, new: str) -> str:
+        assert old in valid
+        return valid.replace(old, new)
+
+    ufrag = next(line for line in valid.splitlines() if line.startswith("a=ice-ufrag:"))
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics") as response:
+            created_before = _created(await response.text())
+        # A page on another origin can post text or forms without asking; JSON it cannot.
+        await _expect(http, "POST", f"{url}/offer", 415, "unsupported_media_type",
+                      data=json.dumps({"sdp": valid, "type": "offer"}),
+                      headers={"Content-Type": "text/plain"})
+        await _expect(http, "POST", f"{url}/offer", 415, "unsupported_media_type",
+                      data={"sdp": valid, "type": "offer"})  # a form
+        await _expect(http, "POST", f"{url}/offer", 400, "invalid_json",
+                      data="[" * 100_000, headers=JSON)
+        for avatar in ({}, False, 7, ""):
+            await _expect(http, "POST", f"{url}/offer", 400, "invalid_avatar",
+                          json={"sdp": valid, "type": "offer", "avatar": avatar})
+        for options in ([], "size=256", 0):
+            await _expect(http, "POST", f"{url}/offer", 400, "invalid_options",
+                          json={"sdp": valid, "type": "offer", "options": options})
+        await _expect(http, "POST", f"{url}/offer", 400, "bad_ice_credentials",
+                      json={"sdp": broken(ufrag, "a=ice-ufrag:a b"), "type": "offer"})
+        md5_only = "\r\n".join("a=fingerprint:md5 00:11:22" if line.startswith(
+            "a=fingerprint:") else line for line in valid.split("\r\n"))
+        await _expect(http, "POST", f"{url}/offer", 400, "bad_fingerprint",
+                      json={"sdp": md5_only, "type": "offer"})
+        # A name re-pointed at loopback (DNS rebinding) does not reach the server.
+        await _expect(http, "GET", f"{url}/sessions", 403, "host_not_allowed",
+                      headers={"Host": "attacker.example"})
+        async with http.get(f"{url}/healthz", headers={"Host": "localhost:1234"}) as response:
+            assert response.status == 200
+        async with http.get(f"{url}/metrics") as response:
+            assert _created(await response.text()) == created_before
+
+
+def _created(exposition: str) -> float:
+    return sum(float(line.split()[-1]) for line in exposition.splitlines()
+               if line.startswith("sonic_sessions_total"))
 
 
 async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
