@@ -132,8 +132,12 @@ class SessionSettings:
                                "up to 10% faster or slower", low=0.0)
     max_buffer_ms: float = setting(300.0, "inbound audio beyond this is dropped at once (a "
                                    "last resort behind the steering)", low=20.0)
-    peer_timeout_s: float = setting(10.0, "a session whose peer sends no media for this long "
-                                    "(or never connects) is closed", low=0.1)
+    connect_timeout_s: float = setting(5.0, "an offer whose peer has not connected (ICE and "
+                                       "DTLS) this long after its answer is closed, freeing "
+                                       "its place", low=0.1)
+    peer_timeout_s: float = setting(10.0, "a session whose peer sends nothing for this long "
+                                    "(no media and no RTCP reports: gone, not just quiet) is "
+                                    "closed", low=0.1)
     max_sessions: int = setting(16, "most live sessions", low=1)
     max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
                                        "a data channel, no video to encode)", low=0)

@@ -6,6 +6,7 @@ video and the delayed audio back. ICE is gathered fully before the answer (no tr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable
@@ -100,6 +101,20 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
     return sdp
 
 
+def _hear_reports(sender: RTCRtpSender, session: Session) -> None:
+    """Tell ``session`` whenever the peer reports on what it receives (RTCP, about once a
+    second from browsers and aiortc alike): a peer whose microphone is quiet still does.
+    aiortc has no event for it, so this wraps the sender's RTCP handler."""
+    handle = sender._handle_rtcp_packet
+    loop = asyncio.get_running_loop()
+
+    async def heard(packet: object) -> None:
+        session.heard_from_peer(loop.time())
+        await handle(packet)
+
+    sender._handle_rtcp_packet = heard  # type: ignore[method-assign]
+
+
 def _prefer_codec(pc: RTCPeerConnection, codec: str) -> None:
     wanted = f"video/{codec.upper()}"
     capabilities = RTCRtpSender.getCapabilities("video").codecs
@@ -138,9 +153,11 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         audio_out, video_out = session.viewer_tracks()
-        pc.addTrack(audio_out)
+        senders = [pc.addTrack(audio_out)]
         if not session.motion_only:
-            pc.addTrack(video_out)
+            senders.append(pc.addTrack(video_out))
+        for sender in senders:
+            _hear_reports(sender, session)
         _prefer_codec(pc, codec)
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception:

@@ -120,6 +120,9 @@ class Session:
         self._coefficient_channels: list[RTCDataChannel] = []
         self._coefficients_sent = -1
         self._motion_started = False
+        self._connected = False
+        self._connected_at: float | None = None
+        self._last_heard: float | None = None
         # stats
         self.frames_submitted = 0
         self.frames_dropped = 0
@@ -160,6 +163,9 @@ class Session:
 
     def set_state(self, state: str) -> None:
         self.state = state
+        if state == "connected" and not self._connected:
+            self._connected = True
+            self._connected_at = asyncio.get_running_loop().time()
 
     def close_soon(self, reason: str) -> None:
         """Close from a callback or from the session's own tasks."""
@@ -193,7 +199,6 @@ class Session:
     # ---- the timeline ---------------------------------------------------------------
     async def _timeline(self) -> None:
         loop = asyncio.get_running_loop()
-        timeout = self.settings.peer_timeout_s
         k = 0
         try:
             while True:
@@ -201,16 +206,33 @@ class Session:
                 delay = due - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                now = loop.time()
-                last = self.ingest.last_push
-                if (last is None and now - self.clock.origin > timeout) or \
-                        (last is not None and now - last > timeout):
-                    self.close_soon("peer timeout: no media")
+                reason = self._gone(loop.time())
+                if reason:
+                    self.close_soon(reason)
                     return
                 self._advance(k)
                 k += 1
         except asyncio.CancelledError:
             pass
+
+    def heard_from_peer(self, at: float) -> None:
+        """The peer sent something other than media (an RTCP report): it is still there,
+        even with its microphone quiet."""
+        self._last_heard = at
+
+    def _gone(self, now: float) -> str | None:
+        """Why the peer counts as gone, if it does: it never connected within
+        ``connect_timeout_s``, or nothing at all came from it for ``peer_timeout_s``.
+        Silence alone never ends a session; the connection's own failure does that."""
+        if not self._connected:
+            if now - self.clock.origin > self.settings.connect_timeout_s:
+                return "never connected"
+            return None
+        heard = max(filter(None, (self.ingest.last_push, self._last_heard,
+                                  self._connected_at)))
+        if now - heard > self.settings.peer_timeout_s:
+            return "peer timeout: nothing received"
+        return None
 
     def _advance(self, k: int) -> None:
         samples, arrival = self.ingest.read()
