@@ -34,6 +34,11 @@ _ICE_PWD = re.compile(r"[A-Za-z0-9+/]{22,256}")
 DTLS_FINGERPRINTS = ("sha-256", "sha-384", "sha-512")
 
 
+#: Bounds on an offer, far above what a session uses (three m-lines, about 5 kB).
+MAX_SDP_BYTES = 64 * 1024
+MAX_MEDIA = 16
+
+
 class OfferError(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -71,6 +76,15 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
         raise OfferError("missing_sdp", '"sdp" must be a non-empty string')
     if not sdp.lstrip().startswith("v=0"):
         raise OfferError("malformed_sdp", "SDP must start with v=0")
+    # Bounded before parsing: answering an offer runs on the event loop every session
+    # shares, and one with 1,000 m-lines (1.45 MB) held it for seconds.
+    if len(sdp) > MAX_SDP_BYTES:
+        raise OfferError("sdp_too_large", f"SDP of {len(sdp)} characters; at most "
+                         f"{MAX_SDP_BYTES}")
+    media = sdp.count("\nm=")
+    if media > MAX_MEDIA:
+        raise OfferError("too_many_m_lines", f"SDP with {media} m-lines; a session needs "
+                         f"audio, video and a data channel, and at most {MAX_MEDIA} are read")
     try:
         parsed = SessionDescription.parse(sdp)
     except Exception as exc:  # aiortc raises assorted errors on malformed SDP

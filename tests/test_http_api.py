@@ -172,6 +172,12 @@ async def test_protocol_hygiene_every_answer_is_json_and_nothing_is_made(server)
             "a=fingerprint:") else line for line in valid.split("\r\n"))
         await _expect(http, "POST", f"{url}/offer", 400, "bad_fingerprint",
                       json={"sdp": md5_only, "type": "offer"})
+        media = valid[valid.index("m=audio"):valid.index("m=video")]
+        await _expect(http, "POST", f"{url}/offer", 400, "too_many_m_lines",
+                      json={"sdp": valid + media * 40, "type": "offer"})
+        await _expect(http, "POST", f"{url}/offer", 400, "sdp_too_large",
+                      json={"sdp": valid + "a=x-padding:" + "x" * 70_000 + "\r\n",
+                            "type": "offer"})
         # A name re-pointed at loopback (DNS rebinding) does not reach the server.
         await _expect(http, "GET", f"{url}/sessions", 403, "host_not_allowed",
                       headers={"Host": "attacker.example"})
