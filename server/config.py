@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import textwrap
 import tomllib
 import typing
@@ -46,6 +47,14 @@ def knob_setting(name: str) -> Any:
     return setting(knob.default, f"default {knob.doc}", low=knob.low, high=knob.high)
 
 
+def _is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass
 class HttpSettings:
     host: str = setting("127.0.0.1", "address to listen on; loopback by default")
@@ -67,6 +76,13 @@ class IceSettings:
                               secret=True)
     host_addresses: list[str] = setting([], "if set, the only host candidates gathered "
                                         "(e.g. 127.0.0.1 for loopback tests)")
+    blocked_ranges: list[str] = setting(
+        ["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "0.0.0.0/8", "224.0.0.0/4",
+         "ff00::/8"],
+        "address ranges an offer's candidates may not make the server send to: link-local "
+        "(cloud metadata at 169.254.169.254), unspecified and multicast by default")
+    mdns: bool = setting(False, "accept .local (mDNS) host names in an offer's candidates; "
+                         "other names are never resolved")
 
 
 @dataclass
@@ -180,6 +196,9 @@ class Settings:
              f"{self.video.allowed_sizes}"),
             (all(s % 16 == 0 for s in self.video.allowed_sizes),
              f"video.allowed_sizes={self.video.allowed_sizes}: each must be a multiple of 16"),
+            (all(_is_network(r) for r in self.ice.blocked_ranges),
+             f"ice.blocked_ranges={self.ice.blocked_ranges}: each must be an address range "
+             "such as 169.254.0.0/16"),
             (self.session.jitter_ms + 20 < self.session.max_buffer_ms,
              f"session.jitter_ms={self.session.jitter_ms} plus a 20 ms chunk must be below "
              f"session.max_buffer_ms={self.session.max_buffer_ms}"),

@@ -7,6 +7,7 @@ video and the delayed audio back. ICE is gathered fully before the answer (no tr
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 from collections.abc import Callable
@@ -115,6 +116,33 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
     return sdp
 
 
+def allowed_candidates(sdp: str, ice: IceSettings) -> tuple[str, int]:
+    """The offer without the candidates the server must not contact, and how many went.
+
+    A candidate names an address the server will send STUN to: an offer could point it at
+    a cloud metadata service, a link-local or multicast address, or a host name to resolve
+    by DNS. Those in ``ice.blocked_ranges`` are dropped, and so are names, except
+    ``.local`` (mDNS) ones where ``ice.mdns`` allows. A peer left with no candidate still
+    connects: its own checks reach the server, which answers where they came from."""
+    blocked = [ipaddress.ip_network(r, strict=False) for r in ice.blocked_ranges]
+
+    def allowed(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return ice.mdns and address.lower().endswith(".local")
+        return not any(ip in net for net in blocked)
+
+    kept, dropped = [], 0
+    for line in sdp.splitlines(keepends=True):
+        fields = line.split()
+        if line.startswith("a=candidate:") and (len(fields) < 6 or not allowed(fields[4])):
+            dropped += 1
+            continue
+        kept.append(line)
+    return "".join(kept), dropped
+
+
 def _hear_reports(sender: RTCRtpSender, session: Session) -> None:
     """Tell ``session`` whenever the peer reports on what it receives (RTCP, about once a
     second from browsers and aiortc alike): a peer whose microphone is quiet still does.
@@ -164,6 +192,10 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
         if state in ("failed", "closed"):
             on_gone(f"peer connection {state}")
 
+    sdp, dropped = allowed_candidates(sdp, ice)
+    if dropped:
+        log.info("session %s: %d remote candidate(s) refused by the candidate policy",
+                 session.id, dropped)
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         audio_out, video_out = session.viewer_tracks()

@@ -313,3 +313,30 @@ async def test_config_shows_the_settings_in_force_and_the_knobs(server):
     assert "peer_timeout_s=3.0" in log
     assert "loading sonic-lite.json on onnxruntime" in log
     assert "INFO: Created TensorFlow Lite" not in log
+
+
+def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_points():
+    from server.config import IceSettings
+    from server.peer import allowed_candidates
+
+    lines = [
+        "v=0", "m=audio 9 UDP/TLS/RTP/SAVPF 111",
+        "a=candidate:1 1 udp 2130706431 127.0.0.1 50000 typ host",
+        "a=candidate:2 1 udp 2130706431 169.254.169.254 80 typ host",  # cloud metadata
+        "a=candidate:3 1 udp 2130706431 fe80::1 50000 typ host",  # link-local
+        "a=candidate:4 1 udp 2130706431 224.0.0.251 5353 typ host",  # multicast
+        "a=candidate:5 1 udp 2130706431 internal.corp.example 80 typ host",  # a DNS name
+        "a=candidate:6 1 udp 2130706431 3c8f1b2e-0d4a.local 50000 typ host",  # mDNS
+        "a=candidate:7 1 udp 1694498815 203.0.113.7 50001 typ srflx raddr 0.0.0.0 rport 0",
+        "a=candidate:8 broken",
+        "a=end-of-candidates", "",
+    ]
+    sdp = "\r\n".join(lines)
+    kept, dropped = allowed_candidates(sdp, IceSettings())
+    addresses = [line.split()[4] for line in kept.splitlines()
+                 if line.startswith("a=candidate:")]
+    assert addresses == ["127.0.0.1", "203.0.113.7"] and dropped == 6
+    assert kept.endswith("a=end-of-candidates\r\n")  # the rest of the SDP untouched
+    kept, _ = allowed_candidates(sdp, IceSettings(mdns=True, blocked_ranges=[]))
+    assert "3c8f1b2e-0d4a.local" in kept and "169.254.169.254" in kept
+    assert "internal.corp.example" not in kept  # names other than .local: never
