@@ -128,7 +128,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         manifest = Manifest.load(settings.manifest_path)
         check_model(settings, manifest)
         inference = await connect(settings, metrics)
-        avatars = AvatarStore(inference, settings.avatar, settings.video.size)
+        avatars = AvatarStore(inference, settings.avatar, settings.video.allowed_sizes)
         sessions = SessionManager(settings, manifest, inference, avatars, metrics)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
                             STATIC_DIR, LoopLoad())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,15 +32,19 @@ class UnknownAvatar(KeyError):
 
 @dataclass
 class Avatar:
+    """An avatar as served: its portrait prepared at every frame side sessions may ask
+    for. The upload itself is not kept (a 4000x4000 photo is 48 MB; both portraits, 1 MB)."""
+
     avatar_id: str
     name: str
-    image: np.ndarray  # RGB uint8, as uploaded
+    width: int  # the upload's, for the record
+    height: int
+    prepared: dict[int, PreparedPortrait]
     credit: str | None = None  # who made the portrait, and its licence
     created: float = field(default_factory=time.time)
-    prepared: dict[int, PreparedPortrait] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        h, w = self.image.shape[:2]
+        h, w = self.height, self.width
         geometry = {str(size): {name: round(float(v), 4) for name, v in
                                 zip(GEOMETRY_NAMES, p.geometry, strict=True)}
                     for size, p in self.prepared.items()}
@@ -51,11 +56,11 @@ class Avatar:
 
 
 class AvatarStore:
-    def __init__(self, inference: Inference, settings: AvatarSettings, default_size: int
-                 ) -> None:
+    def __init__(self, inference: Inference, settings: AvatarSettings,
+                 sizes: Sequence[int]) -> None:
         self._inference = inference
         self._settings = settings
-        self._default_size = default_size
+        self._sizes = tuple(sizes)
         self._avatars: dict[str, Avatar] = {}
         self._slots: dict[tuple[str, int], tuple[int, int]] = {}  # -> (slot, refcount)
         self._lock = asyncio.Lock()
@@ -77,11 +82,12 @@ class AvatarStore:
 
     async def _add(self, avatar_id: str, name: str, image: np.ndarray,
                    credit: str | None = None) -> Avatar:
-        avatar = Avatar(avatar_id, name, image, credit)
-        # Preparing at the default size finds the face now, so a bad portrait fails here.
-        avatar.prepared[self._default_size] = await asyncio.to_thread(
-            prepare_portrait, image, size=self._default_size,
-            expand_ratio=self._settings.expand_ratio)
+        """Prepare at every size now (a bad portrait fails here), then let the image go."""
+        prepared = {}
+        for size in self._sizes:
+            prepared[size] = await asyncio.to_thread(
+                prepare_portrait, image, size=size, expand_ratio=self._settings.expand_ratio)
+        avatar = Avatar(avatar_id, name, image.shape[1], image.shape[0], prepared, credit)
         self._avatars[avatar_id] = avatar
         self._evict()
         return avatar
@@ -106,13 +112,8 @@ class AvatarStore:
 
     async def acquire(self, avatar_id: str, size: int) -> AvatarHandle:
         avatar = self.get(avatar_id)
+        portrait = avatar.prepared[size]  # every size sessions may ask for
         async with self._lock:
-            portrait = avatar.prepared.get(size)
-            if portrait is None:
-                portrait = await asyncio.to_thread(
-                    prepare_portrait, avatar.image, size=size,
-                    expand_ratio=self._settings.expand_ratio)
-                avatar.prepared[size] = portrait
             key = (avatar_id, size)
             slot, refs = self._slots.get(key, (-1, 0))
             if refs == 0:

@@ -340,3 +340,19 @@ def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_point
     kept, _ = allowed_candidates(sdp, IceSettings(mdns=True, blocked_ranges=[]))
     assert "3c8f1b2e-0d4a.local" in kept and "169.254.169.254" in kept
     assert "internal.corp.example" not in kept  # names other than .local: never
+
+
+async def test_an_avatar_keeps_portraits_at_the_served_sizes_not_the_upload():
+    from inference.images import load_default_avatar
+    from server.avatars import AvatarStore
+    from server.config import AvatarSettings
+
+    photo = cv2.resize(load_default_avatar(), (3000, 3000))  # 27 MB decoded
+    ok, png = cv2.imencode(".png", cv2.cvtColor(photo, cv2.COLOR_RGB2BGR))
+    store = AvatarStore(None, AvatarSettings(), sizes=(256, 512))  # type: ignore[arg-type]
+    avatar = await store.add_upload(png.tobytes(), "big")  # (the engine is not needed yet)
+    held = [v for v in vars(avatar).values() if isinstance(v, np.ndarray)]
+    held += [p.image for p in avatar.prepared.values()]
+    assert sorted(a.shape[0] for a in held) == [256, 512]
+    assert sum(a.nbytes for a in held) == 3 * (256 ** 2 + 512 ** 2)  # about 1 MB, not 27
+    assert (avatar.width, avatar.height) == (3000, 3000)
