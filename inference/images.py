@@ -75,6 +75,17 @@ def _sniff_other_format(data: bytes) -> str | None:
     return None
 
 
+#: Decoded channels by PNG colour type (palette images decode to BGRA at worst).
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 4, 4: 2, 6: 4}
+
+
+def _png_decoded_bytes(data: bytes, width: int, height: int) -> int:
+    """What decoding allocates: IHDR's bit depth and colour type say how deep a pixel is
+    (a 16-bit RGBA pixel is 8 bytes where the portrait needs 3)."""
+    depth, colour = data[24], data[25]
+    return width * height * _PNG_CHANNELS.get(colour, 4) * (2 if depth == 16 else 1)
+
+
 def _png_size(data: bytes) -> tuple[int, int]:
     """(width, height) from the IHDR chunk, which the PNG spec requires to come first."""
     if len(data) < 33 or data[12:16] != b"IHDR":
@@ -139,19 +150,26 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
         i += length
 
 
-def _check_size(width: int, height: int, max_side: int, max_pixels: int) -> None:
+def _check_size(width: int, height: int, max_side: int, max_pixels: int,
+                decoded: int = 0, max_decoded: int | None = None) -> None:
     if width > max_side or height > max_side or width * height > max_pixels:
         raise PortraitError(
             "image_too_large",
             f"The image is {width}x{height}; the limit is {max_side} pixels a side "
             f"and {max_pixels} pixels in all.",
         )
+    if max_decoded is not None and decoded > max_decoded:
+        raise PortraitError(
+            "image_too_large",
+            f"The {width}x{height} image decodes to {decoded / 2**20:.0f} MB; the limit is "
+            f"{max_decoded / 2**20:.0f} MB (save it as an 8-bit JPEG or PNG).",
+        )
 
 
 def _to_rgb8(img: np.ndarray) -> np.ndarray:
     """Any OpenCV decode result (gray, gray+alpha, BGR, BGRA; 8 or 16 bit) -> RGB uint8."""
     if img.dtype == np.uint16:
-        img = ((img.astype(np.uint32) + 128) // 257).astype(np.uint8)
+        img = (img >> 8).astype(np.uint8)  # in place of a 4-byte-per-channel copy
     elif img.dtype != np.uint8:
         raise PortraitError("unsupported_format", f"Unsupported pixel type {img.dtype}.")
     if img.ndim == 2:
@@ -179,11 +197,13 @@ def _over_white(color: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     return np.clip(out + 0.5, 0, 255).astype(np.uint8)
 
 
-def decode_image(data: bytes, *, max_side: int = 4096, max_pixels: int = 16_000_000) -> np.ndarray:
+def decode_image(data: bytes, *, max_side: int = 4096, max_pixels: int = 16_000_000,
+                 max_decoded_bytes: int = 64 * 2**20) -> np.ndarray:
     """Decode an uploaded JPEG or PNG into RGB uint8 ``(H, W, 3)``, refusing anything unsafe.
 
-    The declared size is read from the header and checked against the limits *before*
-    decoding, so a tiny file declaring a huge image never allocates. JPEG EXIF orientation
+    The declared size, and what decoding it would allocate, are read from the header and
+    checked against the limits *before* decoding, so a tiny file declaring a huge or deep
+    image never allocates. JPEG EXIF orientation
     is applied (phone photos rely on it); PNG transparency is composited over white.
 
     Raises :class:`PortraitError` with code ``not_an_image``, ``unsupported_format``,
@@ -192,12 +212,14 @@ def decode_image(data: bytes, *, max_side: int = 4096, max_pixels: int = 16_000_
     data = bytes(data)
     if data.startswith(_PNG_MAGIC):
         width, height = _png_size(data)
+        decoded = _png_decoded_bytes(data, width, height)
         flags = cv2.IMREAD_UNCHANGED  # keep alpha, so we can composite it properly
         if data.rfind(_PNG_IEND) < 0:
             _check_size(width, height, max_side, max_pixels)
             raise PortraitError("corrupt_image", "The PNG file is truncated (no IEND chunk).")
     elif data.startswith(_JPEG_MAGIC):
         width, height = _jpeg_size(data)
+        decoded = width * height * 4  # CMYK at worst, before it becomes BGR
         flags = cv2.IMREAD_COLOR  # applies EXIF orientation, converts gray/CMYK to BGR
     else:
         other = _sniff_other_format(data)
@@ -206,7 +228,7 @@ def decode_image(data: bytes, *, max_side: int = 4096, max_pixels: int = 16_000_
                 "unsupported_format", f"{other} images are not supported; use a JPEG or PNG."
             )
         raise PortraitError("not_an_image", "This is not an image; use a JPEG or PNG.")
-    _check_size(width, height, max_side, max_pixels)
+    _check_size(width, height, max_side, max_pixels, decoded, max_decoded_bytes)
 
     try:
         img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)

@@ -77,7 +77,8 @@ class AvatarStore:
             return self._avatars[avatar_id]
         s = self._settings
         image = await asyncio.to_thread(decode_image, data, max_side=s.max_side,
-                                        max_pixels=s.max_pixels)
+                                        max_pixels=s.max_pixels,
+                                        max_decoded_bytes=s.max_decoded_mb * 2**20)
         return await self._add(avatar_id, name or avatar_id, image)
 
     async def _add(self, avatar_id: str, name: str, image: np.ndarray,

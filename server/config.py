@@ -104,6 +104,9 @@ class AvatarSettings:
                                   "face box on each side", low=0.0, high=4.0)
     max_side: int = setting(4096, "longest side of an uploaded image, in pixels", low=64)
     max_pixels: int = setting(16_000_000, "most pixels of an uploaded image", low=4096)
+    max_decoded_mb: int = setting(64, "most memory decoding an upload may take, in MB (a "
+                                  "16-bit RGBA pixel takes 8 bytes, an 8-bit RGB one 3)",
+                                  low=1)
     max_avatars: int = setting(64, "uploaded portraits kept; the oldest unused one is "
                                "evicted past this", low=1)
 

@@ -335,3 +335,16 @@ def test_detect_and_prepare_are_fast(astronaut: np.ndarray) -> None:
         times.append(time.perf_counter() - start)
     # ~25 ms on two cores; generous so a busy CI box does not flake.
     assert min(times) < 0.25
+
+
+def test_an_image_is_refused_by_what_decoding_it_would_take() -> None:
+    # 3000x3000 16-bit RGBA: 72 MB decoded, from a file of a few kB.
+    ok, deep = cv2.imencode(".png", np.zeros((3000, 3000, 4), np.uint16))
+    assert ok and len(deep) < 200_000
+    with pytest.raises(PortraitError, match="decodes to 69 MB; the limit is 64 MB") as info:
+        decode_image(deep.tobytes())
+    assert info.value.code == "image_too_large"
+    # The same picture in 8 bits (36 MB) is within the limit; a tighter limit refuses it.
+    ok, shallow = cv2.imencode(".png", np.zeros((3000, 3000, 4), np.uint8))
+    assert decode_image(shallow.tobytes()).shape == (3000, 3000, 3)
+    assert _code(shallow.tobytes(), max_decoded_bytes=30 * 2**20) == "image_too_large"
