@@ -61,6 +61,10 @@ class HttpSettings:
     port: int = setting(8080, "TCP port to listen on", low=1, high=65535)
     max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted (uploads "
                                   "included); larger ones get 413", low=1024)
+    body_timeout_s: float = setting(10.0, "a request body not received in full this long after "
+                                    "its headers gets 408 (a client sending a byte every few "
+                                    "seconds would otherwise hold its connection forever)",
+                                    low=0.1)
     allowed_hosts: list[str] = setting([], "Host names requests may carry (without port); "
                                        "empty: only 127.0.0.1, localhost and ::1 when "
                                        "listening on loopback (against DNS rebinding), any "

@@ -42,6 +42,7 @@ from server.signalling import (
     host_check,
     json_errors,
     parse_json_object,
+    read_body,
     require_json,
 )
 from server.state import metrics_key, settings_key
@@ -300,7 +301,8 @@ def _relay(status: int, body: bytes, headers: dict[str, str]) -> web.Response:
 
 async def _outgoing(request: web.Request) -> dict[str, Any]:
     """The request's body, query and content type, to send on to a worker."""
-    return {"data": await request.read(), "params": dict(request.rel_url.query),
+    return {"data": await read_body(request, request.read()),
+            "params": dict(request.rel_url.query),
             "headers": {"Content-Type": request.headers.get("Content-Type",
                                                             "application/octet-stream")}}
 
@@ -385,7 +387,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def offer(request: web.Request) -> web.Response:
     door = _door(request)
     require_json(request)
-    options = parse_json_object(await request.read()).get("options")
+    options = parse_json_object(await read_body(request, request.read())).get("options")
     options = options if isinstance(options, dict) else {}  # the worker names the problem
     size = options.get("size", door.settings.video.size)
     if size not in door.settings.video.allowed_sizes:

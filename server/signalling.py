@@ -6,10 +6,12 @@ Every error is JSON ``{"error": <code>, "message": <what is wrong>}`` with a 4xx
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
-from typing import Any, NoReturn
+from collections.abc import Awaitable
+from typing import Any, NoReturn, TypeVar
 
 import cv2
 from aiohttp import BodyPartReader, web
@@ -27,6 +29,7 @@ from server.state import ServerState, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
+T = TypeVar("T")
 
 
 class ApiError(web.HTTPException):
@@ -127,9 +130,21 @@ def require_json(request: web.Request) -> None:
              f"Content-Type: application/json, not {request.content_type or 'none'}")
 
 
+async def read_body(request: web.Request, read: Awaitable[T]) -> T:
+    """``read`` (of the request's body), or 408 if the body has not arrived within
+    ``http.body_timeout_s``: a client trickling its body holds a connection, and a
+    handler, for as long as it likes otherwise."""
+    timeout = request.app[settings_key].http.body_timeout_s
+    try:
+        return await asyncio.wait_for(read, timeout)
+    except TimeoutError:
+        fail(408, "request_timeout", f"the request body did not arrive within {timeout:g} s "
+             "(http.body_timeout_s)")
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     require_json(request)
-    return parse_json_object(await request.read())
+    return parse_json_object(await read_body(request, request.read()))
 
 
 @routes.get("/")
@@ -328,7 +343,7 @@ async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
 
 @routes.post("/avatars")
 async def upload_avatar(request: web.Request) -> web.Response:
-    data, name = await _upload_bytes(request)
+    data, name = await read_body(request, _upload_bytes(request))
     try:
         avatar = await _state(request).avatars.add_upload(data, name)
     except PortraitError as exc:

@@ -71,8 +71,9 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
-    """One server for the session's end-to-end tests; peers that go silent close in 3 s."""
-    process = ServerProcess("--set", "session.peer_timeout_s=3")
+    """One server for the session's end-to-end tests: peers that send nothing close in 3 s,
+    request bodies must arrive within 2 s."""
+    process = ServerProcess("--set", "session.peer_timeout_s=3", "--set", "http.body_timeout_s=2")
     try:
         process.wait_ready()
         yield process

@@ -356,3 +356,29 @@ async def test_an_avatar_keeps_portraits_at_the_served_sizes_not_the_upload():
     assert sorted(a.shape[0] for a in held) == [256, 512]
     assert sum(a.nbytes for a in held) == 3 * (256 ** 2 + 512 ** 2)  # about 1 MB, not 27
     assert (avatar.width, avatar.height) == (3000, 3000)
+
+
+async def test_a_client_trickling_its_body_is_answered_408_and_let_go(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /offer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{")
+    await writer.drain()
+    started = time.monotonic()
+
+    async def trickle() -> None:
+        for _ in range(20):  # a byte a second, for longer than anyone should wait
+            await asyncio.sleep(1.0)
+            writer.write(b" ")
+            await writer.drain()
+
+    sender = asyncio.create_task(trickle())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        answered_after = time.monotonic() - started
+    finally:
+        sender.cancel()
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert b"application/json" in head
+    assert answered_after < 5  # http.body_timeout_s = 2 in the fixture
