@@ -1,6 +1,6 @@
 """Adaptive playout with a real aiortc peer: a sender that stalls for 250 ms and then
-sends its backlog at once gets its delay back within 5 s, with nothing dropped and lips
-and sound still together."""
+sends its backlog at once has its buffer back at its target within 5 s, with nothing
+dropped and lips and sound still together."""
 
 from __future__ import annotations
 
@@ -73,10 +73,12 @@ async def test_a_stalled_sender_gets_its_delay_back_with_nothing_dropped(server)
         watch())
     t = np.array([b[0] for b in buffered])
     ms = np.array([b[1] for b in buffered])
-    before = np.median(ms[(t > 2.0) & (t < STALL_AT)])
-    assert ms[(t > STALL_AT) & (t < STALL_AT + 1.5)].max() > before + 100  # the backlog ...
+    # Polled at any moment, the buffer holds its target (session.jitter_ms, 30 ms) plus up
+    # to the 20 ms chunk about to be read: 30-50 ms.
+    target = 30 + 20
+    assert ms[(t > STALL_AT) & (t < STALL_AT + 1.5)].max() > target + 150  # the backlog ...
     after = ms[t > STALL_AT + STALL_S + 5.0]  # ... is gone 5 s after the stall ended
-    assert after.size >= 8 and np.abs(after - before).max() <= 25, (before, after)
+    assert after.size >= 8 and after.max() <= target + 20, after
     audio = last["stats"]["audio"]
     assert audio["dropped_ms"] == 0 and audio["removed_ms"] > 100
     assert abs(last["stats"]["av_offset_ms"]["p95"]) < 40  # lips and sound together
