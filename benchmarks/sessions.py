@@ -40,21 +40,8 @@ import numpy as np
 from inference.tts import conversation, write_wav
 from server.client import count_video_only, run_session
 from server.config import REPO_ROOT
+from server.load import process_cpu_seconds
 from server.peer import pin_host_addresses
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = _stat(pid)
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _processes(url: str, pid: int) -> dict[str, list[int]]:
@@ -163,14 +150,14 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     async def monitor() -> tuple[float, dict[str, float]]:
         await asyncio.sleep(4.0)  # connected and steady
         t0 = time.monotonic()
-        c0 = {k: sum(map(_cpu_seconds, pids)) for k, pids in kinds.items()}
+        c0 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
         while time.monotonic() - t0 < seconds - 6.0:
             util = await asyncio.to_thread(_gpu_utilisation)
             if util is not None:
                 gpu.append(util)
             await asyncio.sleep(1.0)
         t1 = time.monotonic()
-        c1 = {k: sum(map(_cpu_seconds, pids)) for k, pids in kinds.items()}
+        c1 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
         snapshot.extend(await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"]))
         return t1 - t0, {k: (c1[k] - c0[k]) / (t1 - t0) for k in kinds}
 

@@ -61,7 +61,7 @@ class AudioIngest:
         self._segments: deque[tuple[np.ndarray, float]] = deque()
         self._level = 0
         self._buffering = True
-        self._lows: deque[int] = deque(maxlen=LEVEL_WINDOW)
+        self._levels: deque[int] = deque(maxlen=LEVEL_WINDOW)
         self._debt = 0.0  # samples to remove (> 0) or repeat (< 0) as splices allow
         self.last_push: float | None = None
 
@@ -89,15 +89,15 @@ class AudioIngest:
             if self._level < target:
                 return np.zeros(self.chunk, np.int16), None
             self._buffering = False
-            self._lows.clear()
+            self._levels.clear()
             self._debt = 0.0
         if self._level < self.chunk:
             self.stats.underruns += 1
             self._buffering = True
             return np.zeros(self.chunk, np.int16), None
-        self._lows.append(self._level)
+        self._levels.append(self._level)
         step = MAX_RATE * self.chunk
-        error = (sum(self._lows) / len(self._lows) - target) / RESPONSE_CHUNKS
+        error = (sum(self._levels) / len(self._levels) - target) / RESPONSE_CHUNKS
         debt = self._debt + min(max(error, -step), step)
         self._debt = min(max(debt, -2.0 * self.chunk), 2.0 * self.chunk)
         arrival = self._segments[0][1]

@@ -7,6 +7,7 @@ where the loads come from, not this.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -126,12 +127,9 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
     if motion_only:
         kind, most, per_worker = ("motion-only ", limits.max_motion_sessions,
                                   limits.worker_motion_sessions)
-        def count(load: WorkerLoad) -> int:
-            return load.motion_count
     else:
         kind, most, per_worker = "", limits.max_sessions, limits.worker_sessions
-        def count(load: WorkerLoad) -> int:
-            return load.count
+    count = operator.attrgetter("motion_count" if motion_only else "count")
     if sum(map(count, loads)) >= most:
         raise Refused(f"server holds its maximum of {most} {kind}sessions")
     gpus = engine_loads(loads, limits.fps)

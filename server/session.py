@@ -120,7 +120,6 @@ class Session:
         self._coefficient_channels: list[RTCDataChannel] = []
         self._coefficients_sent = -1
         self._motion_started = False
-        self._connected = False
         self._connected_at: float | None = None
         self._last_heard: float | None = None
         # stats
@@ -163,8 +162,7 @@ class Session:
 
     def set_state(self, state: str) -> None:
         self.state = state
-        if state == "connected" and not self._connected:
-            self._connected = True
+        if state == "connected" and self._connected_at is None:
             self._connected_at = asyncio.get_running_loop().time()
 
     def close_soon(self, reason: str) -> None:
@@ -224,12 +222,12 @@ class Session:
         """Why the peer counts as gone, if it does: it never connected within
         ``connect_timeout_s``, or nothing at all came from it for ``peer_timeout_s``.
         Silence alone never ends a session; the connection's own failure does that."""
-        if not self._connected:
+        if self._connected_at is None:
             if now - self.clock.origin > self.settings.connect_timeout_s:
                 return "never connected"
             return None
-        heard = max(filter(None, (self.ingest.last_push, self._last_heard,
-                                  self._connected_at)))
+        heard = max(t for t in (self.ingest.last_push, self._last_heard, self._connected_at)
+                    if t is not None)
         if now - heard > self.settings.peer_timeout_s:
             return "peer timeout: nothing received"
         return None

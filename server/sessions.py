@@ -64,8 +64,8 @@ class SessionManager:
             and (not answering or not self._peers.get(session_id))))
 
     def settled_cost(self, after_s: float = SETTLED_S) -> float:
-        """Media cost of the sessions connected for ``after_s`` or more: those whose load
-        the loop's measure already holds in full."""
+        """Media cost of the sessions with a peer, made ``after_s`` or more ago: those whose
+        load the loop's measure already holds in full."""
         now = time.time()
         settled = [s for session_id, s in self._sessions.items()
                    if self._peers.get(session_id) and now - s.created >= after_s]

@@ -68,14 +68,23 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
 
+    def __enter__(self) -> ServerProcess:
+        """Ready to serve; stopped on leaving, even if it never became ready."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
     """One server for the session's end-to-end tests: peers that send nothing close in 3 s,
     request bodies must arrive within 2 s."""
-    process = ServerProcess("--set", "session.peer_timeout_s=3", "--set", "http.body_timeout_s=2")
-    try:
-        process.wait_ready()
+    with ServerProcess("--set", "session.peer_timeout_s=3",
+                       "--set", "http.body_timeout_s=2") as process:
         yield process
-    finally:
-        process.stop()

@@ -27,12 +27,8 @@ from server.client import Received, run_session
 def door():  # type: ignore[no-untyped-def]
     from conftest import ServerProcess
 
-    server = ServerProcess("--set", "workers.count=2", "--set", "session.peer_timeout_s=3")
-    try:
-        server.wait_ready()
+    with ServerProcess("--set", "workers.count=2", "--set", "session.peer_timeout_s=3") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _speaks(received: Received, box: tuple[slice, slice]) -> None:
@@ -178,10 +174,7 @@ def test_past_capacity_a_session_is_refused_with_retry_after(speech_wav):
     from conftest import ServerProcess
     from test_http_api import _offer_sdp
 
-    full = ServerProcess("--set", "workers.count=2", "--set", "session.max_sessions=1")
-    try:
-        full.wait_ready()
-
+    with ServerProcess("--set", "workers.count=2", "--set", "session.max_sessions=1") as full:
         async def scenario() -> tuple[Received, int, dict, str | None]:
             async def second() -> tuple[int, dict, str | None]:
                 await asyncio.sleep(2)
@@ -201,6 +194,4 @@ def test_past_capacity_a_session_is_refused_with_retry_after(speech_wav):
         assert first.video_fps() >= 24.0  # the running session was not degraded
         assert sorted(p.name for p in Path("/dev/shm").glob(f"sonic-{full.proc.pid}-*")) == \
             [f"sonic-{full.proc.pid}-w0-1", f"sonic-{full.proc.pid}-w1-1"]
-    finally:
-        full.stop()
     assert not list(Path("/dev/shm").glob(f"sonic-{full.proc.pid}-*"))  # nothing left behind
