@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import web
-
 from inference.child_process import LOG_FORMAT
 from server.app import create_app
 from server.config import parse_args
 from server.front_door import create_front_door
+from server.serving import serve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,9 +22,8 @@ def main(argv: list[str] | None = None) -> None:
         log.info("settings [%s] %s", section,
                  " ".join(f"{key}={value!r}" for key, value in values.items()))
     app = create_app(settings) if settings.workers.embedded else create_front_door(settings)
-    web.run_app(app, host=settings.http.host, port=settings.http.port,
-                print=lambda _: log.info("serving on http://%s:%d", settings.http.host,
-                                         settings.http.port))
+    serve(app, settings.http, lambda: log.info("serving on http://%s:%d", settings.http.host,
+                                               settings.http.port))
 
 
 if __name__ == "__main__":

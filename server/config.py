@@ -65,6 +65,9 @@ class HttpSettings:
                                     "its headers gets 408 (a client sending a byte every few "
                                     "seconds would otherwise hold its connection forever)",
                                     low=0.1)
+    idle_timeout_s: float = setting(15.0, "a connection is closed after this long with no "
+                                    "request in progress; it also bounds how long a "
+                                    "request's headers may take to arrive", low=0.1)
     allowed_hosts: list[str] = setting([], "Host names requests may carry (without port); "
                                        "empty: only 127.0.0.1, localhost and ::1 when "
                                        "listening on loopback (against DNS rebinding), any "

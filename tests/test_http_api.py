@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -12,12 +13,14 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 
 import aiohttp
 import cv2
 import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
+from conftest import ServerProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.engine import KNOB_NAMES
@@ -277,20 +280,71 @@ async def test_a_peer_that_vanishes_is_cleaned_up(server, speech_wav):
         assert await _closed_by_peer_timeout(http, server.url) == timed_out_before + 1
 
 
-async def test_a_session_the_engine_cannot_carry_is_refused_up_front():
-    from conftest import ServerProcess
+@pytest.fixture(scope="module")
+def strict_server() -> Iterator[ServerProcess]:
+    """A server that takes no session (its engine allowance is next to nothing) and closes
+    a connection after 2 s without a request."""
+    with ServerProcess("--set", "session.max_engine_load=0.001",
+                       "--set", "http.idle_timeout_s=2") as process:
+        yield process
 
-    tiny = ServerProcess("--set", "session.max_engine_load=0.001")
+
+async def test_a_session_the_engine_cannot_carry_is_refused_up_front(strict_server):
+    url = strict_server.url
+    async with aiohttp.ClientSession() as http:
+        body = await _expect(http, "POST", f"{url}/offer", 503, "at_capacity",
+                             json={"sdp": await _offer_sdp(), "type": "offer"})
+        assert "max_engine_load" in body["message"]
+        async with http.get(f"{url}/sessions") as response:
+            assert (await response.json())["sessions"] == []
+
+
+async def _raw_answer(url: str, request: bytes) -> tuple[bytes, dict[str, object]]:
+    """Send raw bytes; the status line and headers, and the JSON body, of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        await asyncio.to_thread(tiny.wait_ready)
-        async with aiohttp.ClientSession() as http:
-            body = await _expect(http, "POST", f"{tiny.url}/offer", 503, "at_capacity",
-                                 json={"sdp": await _offer_sdp(), "type": "offer"})
-            assert "max_engine_load" in body["message"]
-            async with http.get(f"{tiny.url}/sessions") as response:
-                assert (await response.json())["sessions"] == []
+        writer.write(request)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        body = await asyncio.wait_for(reader.read(), 10)  # the server closes after an error
     finally:
-        tiny.stop()
+        writer.close()
+    return head, json.loads(body)
+
+
+async def test_errors_aiohttp_answers_itself_are_in_the_json_shape(strict_server):
+    head, body = await _raw_answer(strict_server.url, b"GET /healthz HTTP/1.1\r\nHost: "
+                                   b"127.0.0.1\r\nX-Big: " + b"x" * 20_000 + b"\r\n\r\n")
+    assert head.split()[1] == b"400" and b"application/json" in head
+    assert body["error"] == "bad_request" and "8190" in str(body["message"])
+    head, body = await _raw_answer(strict_server.url, b"NOT HTTP AT ALL\r\n\r\n")
+    assert head.split()[1] == b"400" and body["error"] == "bad_request"
+
+
+async def test_a_connection_that_sends_nothing_or_trickles_its_headers_is_closed(strict_server):
+    host, port = strict_server.url.removeprefix("http://").split(":")
+    for first, trickled in ((b"", b""), (b"GET /healthz HTTP/1.1\r\nX-Slow: ", b"a")):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(first)
+        started = time.monotonic()
+
+        async def trickle(writer: asyncio.StreamWriter = writer, trickled: bytes = trickled
+                          ) -> None:
+            for _ in range(20):  # a header byte a second, for longer than anyone should wait
+                await asyncio.sleep(1.0)
+                writer.write(trickled)
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+
+        sender = asyncio.create_task(trickle())
+        try:
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, unanswered
+            closed_after = time.monotonic() - started
+        finally:
+            sender.cancel()
+            writer.close()
+        assert closed_after < 4  # http.idle_timeout_s = 2 in the fixture
 
 
 async def test_config_shows_the_settings_in_force_and_the_knobs(server):
