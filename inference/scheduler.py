@@ -172,6 +172,8 @@ class RuntimeEstimate:
 
 
 PROBE_AFTER_S = 1.0
+#: Timed runs of each batch shape at start-up.
+WARM_UP_RUNS = 5
 #: The next batch is handed to the engine's thread this long before the engine is expected
 #: to free, so the event loop's own delays do not leave the engine idle.
 DISPATCH_LEAD_S = 0.003
@@ -414,13 +416,16 @@ class Scheduler:
                 self._finish_dropped(request, "stopped")
         self._in_flight.clear()
 
-    async def warm_up(self, batch: list[FrameInput]) -> None:
-        """Run a batch shape once untimed (first runs allocate), then once into the estimate."""
+    async def warm_up(self, batch: list[FrameInput], runs: int = WARM_UP_RUNS) -> None:
+        """Run a batch shape once untimed (first runs allocate), then ``runs`` times into
+        the estimate, whose median then sets the capacity admission starts from: a single
+        run on a busy core made it differ by half from one start to the next."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.engine.run, batch)
-        run = await loop.run_in_executor(self._executor, timed_run, self.engine, batch)
-        self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch), run.seconds,
-                             at=loop.time())
+        for _ in range(runs):
+            run = await loop.run_in_executor(self._executor, timed_run, self.engine, batch)
+            self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch),
+                                 run.seconds, at=loop.time())
 
     def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
         loop = asyncio.get_running_loop()

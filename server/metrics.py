@@ -49,6 +49,10 @@ class Metrics:
         self.engine_load = Gauge("sonic_engine_load",
                                  "Share of the engine's measured capacity live sessions need",
                                  registry=r)
+        self.sessions_degraded = Gauge(
+            "sonic_sessions_degraded",
+            "Live sessions whose fresh (not repeated) frames per second, over their last 50 "
+            "frame times, are under 96% of video.fps", registry=r)
         self.capacity_fps = Gauge("sonic_engine_capacity_fps",
                                   "Frames/s the engine sustained at its best batch size",
                                   ["size"], registry=r)

@@ -128,7 +128,7 @@ class Session:
         self.frames_sent = 0
         self.frames_repeated = 0
         self.frames_skipped = 0
-        self._sent_times: deque[float] = deque(maxlen=50)
+        self._sent: deque[tuple[float, bool]] = deque(maxlen=50)  # (when, fresh) per frame
         self._pipeline_delays: deque[float] = deque(maxlen=500)
         self._av_offsets: deque[float] = deque(maxlen=500)
         self._timeline_task = loop.create_task(self._timeline())
@@ -293,7 +293,7 @@ class Session:
 
     def report_video(self, index: int, content_index: int, sent_at: float) -> None:
         self.frames_sent += 1
-        self._sent_times.append(sent_at)
+        self._sent.append((sent_at, content_index == index))
         self._metrics.frames_sent.inc()
         if content_index != index:
             self.frames_repeated += 1
@@ -344,11 +344,16 @@ class Session:
                 channel.send(message)
 
     # ---- stats ----------------------------------------------------------------------
-    def fps(self) -> float:
-        times = self._sent_times
-        if len(times) < 2 or times[-1] == times[0]:
-            return 0.0
-        return (len(times) - 1) / (times[-1] - times[0])
+    def fps(self) -> tuple[float, float]:
+        """Frames sent per second, and how many of them were fresh (not a repeat), over the
+        last 50 frame times: a viewer counting frames sees the first, lips move at the
+        second."""
+        sent = self._sent
+        if len(sent) < 2 or sent[-1][0] == sent[0][0]:
+            return 0.0, 0.0
+        span = sent[-1][0] - sent[0][0]
+        fresh = sum(is_fresh for _, is_fresh in list(sent)[1:])
+        return (len(sent) - 1) / span, fresh / span
 
     def stats(self) -> dict[str, Any]:
         def ms(value: float | None) -> float | None:
@@ -359,8 +364,10 @@ class Session:
             coefficients = {name: round(float(v), 3) for name, v in
                             zip(self.manifest.coefficient_names, self._coefficients,
                                 strict=False)}
+        fps, fresh_fps = self.fps()
         return {
-            "fps": round(self.fps(), 2),
+            "fps": round(fps, 2),
+            "fresh_fps": round(fresh_fps, 2),
             "frames_sent": self.frames_sent,
             "frames_submitted": self.frames_submitted,
             "frames_repeated": self.frames_repeated,

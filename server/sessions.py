@@ -73,6 +73,12 @@ class SessionManager:
             collections.Counter(s.avatar.size for s in settled if not s.motion_only),
             collections.Counter(s.avatar.size for s in settled if s.motion_only))
 
+    def degraded(self, below_fps: float) -> int:
+        """Sessions, sending for a while, whose fresh frames per second are under ``below_fps``:
+        overload shows here while viewers still count a full rate of repeated frames."""
+        return sum(s.fps()[1] < below_fps for s in self._sessions.values()
+                   if s.frames_sent >= 50)
+
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 

@@ -43,6 +43,8 @@ class ApiError(web.HTTPException):
         self.code = code
 
 
+#: A session sending fewer fresh frames than this share of video.fps counts as degraded.
+DEGRADED_BELOW = 0.96
 #: Seconds a client refused for capacity is asked to wait before it tries again.
 RETRY_AFTER_S = 5
 
@@ -208,6 +210,8 @@ async def metrics(request: web.Request) -> web.Response:
 
     def refresh() -> None:
         state.metrics.engine_load.set(state.sessions.engine_load())
+        state.metrics.sessions_degraded.set(
+            state.sessions.degraded(DEGRADED_BELOW * state.settings.video.fps))
         for size in state.settings.video.allowed_sizes:
             state.metrics.capacity_fps.labels(size=str(size)).set(
                 state.inference.capacity_fps(size))

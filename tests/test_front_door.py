@@ -18,6 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from test_webrtc_session import _audio_envelope_at, _frame_centres, _get, _mouth_box, _mouth_signal
 
 from server.client import Received, run_session
@@ -167,6 +168,47 @@ def test_the_inference_process_restarted_recovers(door, speech_wav):
 
     asyncio.run(_wait_for(recovered, 90, "the inference process and its workers restarted"))
     received = asyncio.run(run_session(door.url, str(speech_wav), seconds=4.0, keep=False))
+    assert received.video_fps() >= 24.0
+
+
+def _degraded(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        return sum(sample.value for family in text_string_to_metric_families(
+            response.read().decode()) for sample in family.samples
+            if sample.name == "sonic_sessions_degraded")
+
+
+def test_a_stalled_engine_shows_as_degraded_sessions_and_then_recovers(door, speech_wav):
+    """Viewers still count 25 fps while the engine is stopped (the last frame is repeated),
+    so overload has to show in the fresh frame rate and the degraded-session count."""
+    engine = _get(f"{door.url}/healthz")["inference"][0]["pid"]
+    seen: dict[str, object] = {}
+
+    async def scenario() -> Received:
+        async def stall_engine() -> None:
+            await asyncio.sleep(4)
+            os.kill(engine, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(2.5)
+                seen["stalled"] = (await asyncio.to_thread(_get, f"{door.url}/sessions"))
+                seen["stalled_degraded"] = await asyncio.to_thread(_degraded, door.url)
+            finally:
+                os.kill(engine, signal.SIGCONT)
+            await asyncio.sleep(4)
+            seen["after"] = (await asyncio.to_thread(_get, f"{door.url}/sessions"))
+            seen["after_degraded"] = await asyncio.to_thread(_degraded, door.url)
+
+        received, _ = await asyncio.gather(
+            run_session(door.url, str(speech_wav), seconds=12.0, keep=False), stall_engine())
+        return received
+
+    received = asyncio.run(scenario())
+    (stalled,) = seen["stalled"]["sessions"]  # type: ignore[index]
+    assert stalled["stats"]["fps"] >= 24 and stalled["stats"]["fresh_fps"] < 20, stalled
+    assert seen["stalled_degraded"] == 1
+    (after,) = seen["after"]["sessions"]  # type: ignore[index]
+    assert after["stats"]["fresh_fps"] >= 24, after
+    assert seen["after_degraded"] == 0
     assert received.video_fps() >= 24.0
 
 

@@ -20,8 +20,9 @@ class FakeEngine:
     """Takes ``seconds`` a batch; its frames carry each input's clock value, so a test can
     tell whose frame came back. Closing ``gate`` holds every batch until it is opened."""
 
-    def __init__(self, seconds: float = 0.005) -> None:
+    def __init__(self, seconds: float = 0.005, first: tuple[float, ...] = ()) -> None:
         self.seconds = seconds
+        self.first = list(first)  # the seconds of the first runs, before ``seconds``
         self.gate = threading.Event()
         self.gate.set()
         self.fail = False
@@ -38,7 +39,7 @@ class FakeEngine:
             self.frame_size(f.slot)  # as a real engine, it refuses a released portrait
         self.batches.append(len(batch))
         assert self.gate.wait(10)
-        time.sleep(self.seconds)
+        time.sleep(self.first.pop(0) if self.first else self.seconds)
         if self.fail:
             raise RuntimeError("engine fault")
         marks = [int(f.clock[0]) for f in batch]
@@ -92,6 +93,15 @@ async def test_engine_time_is_measured_where_the_engine_runs() -> None:
     await scheduler.stop()
     # The loop resumed 80 ms late each time; the engine took 10 ms.
     assert 0.009 <= scheduler.estimate.seconds(SIZE, 1) < 0.030
+
+
+async def test_capacity_at_warm_up_is_not_set_by_one_slow_run() -> None:
+    # The untimed first run, then a run slowed 20x (a busy core at start-up), then normal.
+    engine = FakeEngine(seconds=0.010, first=(0.010, 0.200))
+    scheduler, _ = await started(engine)
+    await scheduler.warm_up([frame(0)])
+    await scheduler.stop()
+    assert 60 < scheduler.capacity_fps(SIZE) <= 100
 
 
 async def test_a_second_batch_waits_in_the_engine_thread_while_the_first_runs() -> None:
