@@ -12,6 +12,7 @@ image with the geometry drawn on the crop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -20,13 +21,56 @@ import numpy as np
 from inference.engine import GEOMETRY_NAMES, PreparedPortrait
 from inference.face_detect import FaceBox, detect_face
 from inference.face_geometry import portrait_geometry
-from inference.images import DEFAULT_AVATAR_PATH, check_rgb, decode_image
+from inference.images import (
+    DEFAULT_AVATAR_PATH,
+    check_rgb,
+    decode_image,
+    image_size,
+    jpeg_reduction,
+)
 
-__all__ = ["draw_geometry", "prepare_portrait"]
+__all__ = ["PortraitSource", "decode_portrait_source", "draw_geometry", "prepare_portrait"]
 
 #: Crop centre sits this far (fraction of face height) below the face box centre, so the
 #: chin and a little neck fit: Haar boxes run from mid-forehead to just below the mouth.
 _CROP_SHIFT_DOWN = 0.12
+
+
+@dataclass(frozen=True)
+class PortraitSource:
+    """An upload decoded for its portraits, and the face found in it."""
+
+    image: np.ndarray  # RGB: the upload, or the upload scaled down while it was decoded
+    face: FaceBox  # in ``image``'s pixels
+    width: int  # the upload's own size, after any EXIF rotation
+    height: int
+
+
+def crop_side(face: FaceBox, expand_ratio: float) -> int:
+    """The side, in the image's pixels, of the square a portrait is cropped to."""
+    return max(2, round(max(face.w, face.h) * (1.0 + 2.0 * expand_ratio)))
+
+
+def decode_portrait_source(data: bytes, *, largest: int, expand_ratio: float = 0.5,
+                           **limits: int) -> PortraitSource:
+    """Decode an upload only as finely as its portraits need (``limits`` as for
+    ``decode_image``). A large JPEG is decoded scaled down first, its shorter side kept at
+    least twice the ``largest`` portrait side; only if the face found there is too small
+    for that portrait's crop is it decoded again, as finely as the crop needs. A
+    4000x3000 photo then decodes in about a quarter of the time and memory."""
+    reduction = jpeg_reduction(data, 2 * largest)
+    image = decode_image(data, reduction=reduction, **limits)
+    face = detect_face(image)
+    side = crop_side(face, expand_ratio)
+    if reduction > 1 and side < largest:
+        reduction = max((r for r in (2, 4) if r < reduction and side * reduction // r >= largest),
+                        default=1)
+        image = decode_image(data, reduction=reduction, **limits)
+        face = detect_face(image)
+    width, height = image_size(data)
+    if (image.shape[1] > image.shape[0]) != (width > height):  # EXIF turned it
+        width, height = height, width
+    return PortraitSource(image, face, width, height)
 
 
 def prepare_portrait(
@@ -58,7 +102,7 @@ def prepare_portrait(
         face = detect_face(rgb)
 
     H, W = rgb.shape[:2]
-    side = max(2, round(max(face.w, face.h) * (1.0 + 2.0 * expand_ratio)))
+    side = crop_side(face, expand_ratio)
     cx, cy = face.centre
     cy += _CROP_SHIFT_DOWN * face.h
     x0, y0 = round(cx - 0.5 * side), round(cy - 0.5 * side)

@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from inference.engine import GEOMETRY_NAMES, PreparedPortrait
-from inference.images import decode_image, load_default_avatar
-from inference.portrait import prepare_portrait
+from inference.images import DEFAULT_AVATAR_PATH
+from inference.portrait import PortraitSource, decode_portrait_source, prepare_portrait
 from inference.service import Inference
 from server.config import AvatarSettings
 from server.session import AvatarHandle
@@ -66,8 +64,8 @@ class AvatarStore:
         self._lock = asyncio.Lock()
 
     async def load_default(self) -> Avatar:
-        image = await asyncio.to_thread(load_default_avatar)
-        return await self._add(DEFAULT_AVATAR, "Astronaut", image,
+        source = await asyncio.to_thread(self._decode, DEFAULT_AVATAR_PATH.read_bytes())
+        return await self._add(DEFAULT_AVATAR, "Astronaut", source,
                                credit="Eileen Collins, NASA portrait, public domain")
 
     async def add_upload(self, data: bytes, name: str | None) -> Avatar:
@@ -75,20 +73,24 @@ class AvatarStore:
         avatar_id = hashlib.sha256(data).hexdigest()[:16]
         if avatar_id in self._avatars:
             return self._avatars[avatar_id]
-        s = self._settings
-        image = await asyncio.to_thread(decode_image, data, max_side=s.max_side,
-                                        max_pixels=s.max_pixels,
-                                        max_decoded_bytes=s.max_decoded_mb * 2**20)
-        return await self._add(avatar_id, name or avatar_id, image)
+        source = await asyncio.to_thread(self._decode, data)
+        return await self._add(avatar_id, name or avatar_id, source)
 
-    async def _add(self, avatar_id: str, name: str, image: np.ndarray,
+    def _decode(self, data: bytes) -> PortraitSource:
+        s = self._settings
+        return decode_portrait_source(data, largest=max(self._sizes), expand_ratio=s.expand_ratio,
+                                      max_side=s.max_side, max_pixels=s.max_pixels,
+                                      max_decoded_bytes=s.max_decoded_mb * 2**20)
+
+    async def _add(self, avatar_id: str, name: str, source: PortraitSource,
                    credit: str | None = None) -> Avatar:
         """Prepare at every size now (a bad portrait fails here), then let the image go."""
         prepared = {}
         for size in self._sizes:
             prepared[size] = await asyncio.to_thread(
-                prepare_portrait, image, size=size, expand_ratio=self._settings.expand_ratio)
-        avatar = Avatar(avatar_id, name, image.shape[1], image.shape[0], prepared, credit)
+                prepare_portrait, source.image, size=size,
+                expand_ratio=self._settings.expand_ratio, face=source.face)
+        avatar = Avatar(avatar_id, name, source.width, source.height, prepared, credit)
         self._avatars[avatar_id] = avatar
         self._evict()
         return avatar

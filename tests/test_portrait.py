@@ -16,7 +16,7 @@ from PIL import Image
 from inference.engine import GEOMETRY_NAMES, PreparedPortrait
 from inference.face_detect import FaceBox, detect_face
 from inference.images import PortraitError, decode_image, load_default_avatar
-from inference.portrait import prepare_portrait
+from inference.portrait import decode_portrait_source, prepare_portrait
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +296,42 @@ def test_geometry_follows_the_photo(astronaut: np.ndarray) -> None:
 def test_jpeg_upload_end_to_end(astronaut: np.ndarray) -> None:
     data = _encode(astronaut, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 80])
     _check_plausible(prepare_portrait(decode_image(data), size=256), 256)
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b) ** 2)
+    return float(10 * np.log10(255.0**2 / mse))
+
+
+def test_a_large_jpeg_is_decoded_scaled_down_to_the_same_portrait(astronaut: np.ndarray
+                                                                   ) -> None:
+    large = cv2.resize(astronaut, (3072, 3072), interpolation=cv2.INTER_CUBIC)
+    data = _encode(large, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 95])
+    source = decode_portrait_source(data, largest=512)
+    assert source.image.shape == (1536, 1536, 3)  # decoded at half size, a quarter the pixels
+    assert (source.width, source.height) == (3072, 3072)
+    face = source.face
+    doubled = FaceBox(x=2 * face.x, y=2 * face.y, w=2 * face.w, h=2 * face.h,
+                      left_eye=face.left_eye and (2 * face.left_eye[0], 2 * face.left_eye[1]),
+                      right_eye=face.right_eye and (2 * face.right_eye[0],
+                                                    2 * face.right_eye[1]))
+    scaled = prepare_portrait(source.image, size=512, face=face)
+    full = prepare_portrait(decode_image(data), size=512, face=doubled)  # the same crop
+    assert _psnr(scaled.image, full.image) > 35
+
+
+def test_a_small_face_in_a_large_jpeg_is_decoded_finely_enough_for_its_crop(
+        astronaut: np.ndarray) -> None:
+    canvas = np.full((3072, 4096, 3), 255, np.uint8)
+    head = cv2.resize(astronaut, (1536, 1536), interpolation=cv2.INTER_CUBIC)
+    canvas[800:2336, 1200:2736] = head  # its crop is about 600 pixels of 12 megapixels
+    data = _encode(canvas, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 95])
+    source = decode_portrait_source(data, largest=512)
+    assert source.image.shape == (3072, 4096, 3)  # its crop needs every pixel
+    assert (source.width, source.height) == (4096, 3072)
+    full = prepare_portrait(decode_image(data), size=512)
+    assert np.array_equal(prepare_portrait(source.image, size=512, face=source.face).image,
+                          full.image)
 
 
 def test_larger_expand_ratio_gives_smaller_face(astronaut: np.ndarray) -> None:
