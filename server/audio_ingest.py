@@ -14,6 +14,7 @@ delay can be measured from the real arrival time.
 
 from __future__ import annotations
 
+import fractions
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -162,29 +163,64 @@ class AudioIngest:
         self.stats.dropped_samples += count
 
 
-def to_mono_48k(frame: av.AudioFrame, resampler: av.AudioResampler | None
-                ) -> tuple[np.ndarray, av.AudioResampler | None]:
+class Resampler:
+    """Audio frames to mono int16 at ``rate``, through FFmpeg's resampler as PyAV's
+    ``AudioResampler`` does, but in a filter graph of one thread. FFmpeg gives a graph a
+    pool of one thread per core by default, idle for audio, so every session held that
+    many threads (16 on a 16-core host) for as long as its resampler lived."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._graph: av.filter.Graph | None = None
+        self._input: tuple[str, str, int] | None = None
+
+    def _configure(self, frame: av.AudioFrame) -> av.filter.Graph:
+        graph = av.filter.Graph()
+        graph.threads = 1
+        source = graph.add_abuffer(format=frame.format.name, layout=frame.layout.name,
+                                   sample_rate=frame.sample_rate,
+                                   time_base=fractions.Fraction(1, frame.sample_rate))
+        chain = [source, graph.add("aresample", str(self.rate)),
+                 graph.add("aformat", "sample_fmts=s16:channel_layouts=mono"),
+                 graph.add("abuffersink")]
+        for a, b in zip(chain, chain[1:], strict=False):
+            a.link_to(b)
+        graph.configure()
+        return graph
+
+    def resample(self, frame: av.AudioFrame) -> np.ndarray:
+        shape = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if self._graph is None or shape != self._input:
+            self._graph, self._input = self._configure(frame), shape
+        frame.pts = None  # the graph keeps its own time
+        self._graph.push(frame)
+        out = []
+        while True:
+            try:
+                out.append(self._graph.pull().to_ndarray().reshape(-1))
+            except (av.BlockingIOError, av.EOFError):
+                break
+        return np.concatenate(out) if out else np.zeros(0, np.int16)
+
+
+def to_mono_48k(frame: av.AudioFrame, resampler: Resampler) -> np.ndarray:
     """Mono int16 at 48 kHz. Takes one channel of packed s16 stereo (down-mixing identical
-    channels would add 3 dB); anything else goes through PyAV's resampler."""
+    channels would add 3 dB); anything else goes through ``resampler``."""
     if frame.sample_rate == AUDIO_RATE and frame.format.name == "s16":
         data = frame.to_ndarray().reshape(-1)
         channels = len(frame.layout.channels)
-        return (data[::channels] if channels > 1 else data).copy(), resampler
-    if resampler is None:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
-    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    return (np.concatenate(out) if out else np.zeros(0, np.int16)), resampler
+        return (data[::channels] if channels > 1 else data).copy()
+    return resampler.resample(frame)
 
 
 async def pump_track(track: MediaStreamTrack, ingest: AudioIngest,
                      clock: Callable[[], float]) -> None:
     """Feed an inbound audio track into ``ingest`` until the track ends."""
-    resampler: av.AudioResampler | None = None
+    resampler = Resampler(AUDIO_RATE)
     try:
         while True:
             frame = await track.recv()
             assert isinstance(frame, av.AudioFrame)
-            samples, resampler = to_mono_48k(frame, resampler)
-            ingest.push(samples, clock())
+            ingest.push(to_mono_48k(frame, resampler), clock())
     except MediaStreamError:
         log.debug("inbound audio track ended")

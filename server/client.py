@@ -130,14 +130,83 @@ async def _consume(track: MediaStreamTrack, receiver: RTCRtpReceiver, stream: St
         pass
 
 
+class PacedSpeech(MediaStreamTrack):
+    """Mono 48 kHz speech (looped) in 20 ms frames on a sender clock that may run off
+    true time by ``skew`` (0.01: 1% fast) and may stall: the frames due in
+    ``[stall_at, stall_at + stall_s)`` all leave when the stall ends."""
+
+    kind = "audio"
+
+    def __init__(self, pcm: np.ndarray, *, skew: float = 0.0, stall_at: float = -1.0,
+                 stall_s: float = 0.0) -> None:
+        super().__init__()
+        self.pcm = pcm
+        self.skew = skew
+        self.stall_at, self.stall_s = stall_at, stall_s
+        self.n = 0
+        self.start: float | None = None
+
+    async def recv(self) -> av.AudioFrame:
+        if self.start is None:
+            self.start = time.monotonic()
+        at = self.n * 0.02
+        if self.stall_at <= at < self.stall_at + self.stall_s:
+            at = self.stall_at + self.stall_s
+        await asyncio.sleep(max(0.0, self.start + at / (1.0 + self.skew) - time.monotonic()))
+        offset = (self.n * 960) % (self.pcm.size - 960)
+        frame = av.AudioFrame.from_ndarray(self.pcm[offset:offset + 960].reshape(1, -1),
+                                           format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 48000, self.n * 960
+        frame.time_base = fractions.Fraction(1, 48000)
+        self.n += 1
+        return frame
+
+
+@dataclass(frozen=True)
+class Impairment:
+    """A bad network between this client and the server, both ways: each datagram is lost
+    with probability ``loss``, else held ``delay_s`` plus up to ``jitter_s``."""
+
+    loss: float = 0.0
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    seed: int = 0
+
+
+def impair(pc: RTCPeerConnection, impairment: Impairment) -> None:
+    """Put ``impairment`` on every UDP socket ``pc`` gathered (call after
+    setLocalDescription). Where netem is not available (no kernel module, no privileges)
+    this is the same in user space, at the client's sockets: the server is untouched."""
+    rng = np.random.default_rng(impairment.seed)
+    loop = asyncio.get_running_loop()
+
+    def held(deliver: Any) -> Any:
+        def impaired(*args: Any) -> None:
+            if rng.random() < impairment.loss:
+                return
+            delay = impairment.delay_s + impairment.jitter_s * rng.random()
+            if delay > 0:
+                loop.call_later(delay, deliver, *args)
+            else:
+                deliver(*args)
+        return impaired
+
+    for transceiver in pc.getTransceivers():
+        connection = transceiver.sender.transport.transport._connection  # aioice's
+        for protocol in connection._protocols:
+            protocol.datagram_received = held(protocol.datagram_received)
+            protocol.transport.sendto = held(protocol.transport.sendto)
+
+
 async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | None = None,
                       options: dict[str, Any] | None = None, keep: bool = True,
                       hang_up: bool = True, coefficients: bool = False,
-                      audio: MediaStreamTrack | None = None) -> Received:
+                      audio: MediaStreamTrack | None = None,
+                      network: Impairment | None = None) -> Received:
     """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
     ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
     sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
-    video, only coefficients."""
+    video, only coefficients; with ``network``, the datagrams cross a bad network."""
     motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     if audio is None:
@@ -163,6 +232,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
         tracks.append((track, receiver))
 
     await pc.setLocalDescription(await pc.createOffer())
+    if network is not None:
+        impair(pc, network)
     body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
     if avatar:
         body["avatar"] = avatar

@@ -28,7 +28,7 @@ from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manif
 from inference.features import FrameWindows
 from inference.scheduler import FrameResult
 from inference.service import Inference
-from server.audio_ingest import AudioIngest, pump_track
+from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
@@ -102,8 +102,7 @@ class Session:
         self._inference = inference
         self._metrics = metrics
         self._windows = FrameWindows(manifest)
-        self._resampler = av.AudioResampler(format="s16", layout="mono",
-                                            rate=manifest.features.sample_rate)
+        self._resampler = Resampler(manifest.features.sample_rate)
         self._phase = random.uniform(0.0, 1000.0)
         self._chunks: dict[int, np.ndarray] = {}
         self._arrivals: dict[int, float] = {}
@@ -118,6 +117,7 @@ class Session:
         self._on_close: list[Callable[[Session], Any]] = []
         self._coefficients: np.ndarray | None = None
         self._coefficient_channels: list[RTCDataChannel] = []
+        self._outbound: list[MediaStreamTrack] = []
         self._coefficients_sent = -1
         self._motion_started = False
         self._connected_at: float | None = None
@@ -157,8 +157,10 @@ class Session:
             self._spawn(send_motion(self))
 
     def viewer_tracks(self) -> tuple[SessionAudioTrack, SessionVideoTrack]:
-        """A fresh pair of outbound tracks for one viewer."""
-        return SessionAudioTrack(self), SessionVideoTrack(self)
+        """A fresh pair of outbound tracks for one viewer, stopped when the session ends."""
+        tracks = SessionAudioTrack(self), SessionVideoTrack(self)
+        self._outbound.extend(tracks)
+        return tracks
 
     def set_state(self, state: str) -> None:
         self.state = state
@@ -184,6 +186,9 @@ class Session:
         for future in self._frames.values():
             future.cancel()
         self._frames.clear()
+        for track in self._outbound:
+            track.stop()
+        self._outbound.clear()
         for callback in self._on_close:
             result = callback(self)
             if asyncio.iscoroutine(result):
@@ -243,9 +248,9 @@ class Session:
         self._video_awaiting_audio.pop(k - KEEP_CHUNKS, None)
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = AUDIO_RATE
-        pcm = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
-        if pcm:
-            self._windows.push(np.concatenate(pcm).astype(np.float32) / 32768.0)
+        pcm = self._resampler.resample(frame)
+        if pcm.size:
+            self._windows.push(pcm.astype(np.float32) / 32768.0)
         self._submit_ready_frames()
 
     def _submit_ready_frames(self) -> None:

@@ -131,7 +131,7 @@ class SessionAudioTrack(MediaStreamTrack):
         self._source = source
         self._next = 0
         self._time_base = fractions.Fraction(1, AUDIO_RATE)
-        self._encoder = SpeechOpusEncoder()
+        self._encoder: SpeechOpusEncoder | None = SpeechOpusEncoder()
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live" or self._source.is_closed:
@@ -150,4 +150,13 @@ class SessionAudioTrack(MediaStreamTrack):
         frame.time_base = self._time_base
         self._next = k + 1
         self._source.report_audio(k, loop.time())
+        if self._encoder is None:  # stopped while it slept
+            raise MediaStreamError
         return self._encoder.encode(frame)
+
+    def stop(self) -> None:
+        """Also let the encoder go now: PyAV keeps a resampler in it whose filter graph
+        holds a thread per core, and a garbage collection that would free the track may
+        be minutes away."""
+        super().stop()
+        self._encoder = None

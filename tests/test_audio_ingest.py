@@ -1,7 +1,9 @@
+import os
+
 import av
 import numpy as np
 
-from server.audio_ingest import AudioIngest, to_mono_48k
+from server.audio_ingest import AudioIngest, Resampler, to_mono_48k
 from server.media_clock import MediaClock
 
 
@@ -47,21 +49,43 @@ def test_stereo_s16_takes_one_channel_without_gain():
     stereo[0, 1::2] = 1000
     frame = av.AudioFrame.from_ndarray(stereo, format="s16", layout="stereo")
     frame.sample_rate = 48000
-    mono, _ = to_mono_48k(frame, None)
+    mono = to_mono_48k(frame, Resampler(48000))
     assert mono.shape == (960,) and (mono == 1000).all()
 
 
 def test_other_rates_are_resampled_to_48k():
     t = np.arange(1600) / 16000
     pcm = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16).reshape(1, -1)
-    resampler = None
+    resampler = Resampler(48000)
     total = 0
     for _ in range(5):
         frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
         frame.sample_rate = 16000
-        mono, resampler = to_mono_48k(frame, resampler)
-        total += mono.size
+        total += to_mono_48k(frame, resampler).size
     assert abs(total - 5 * 4800) <= 64
+
+
+def test_the_resampler_matches_pyav_and_holds_no_threads():
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    t = np.arange(960 * 10) / 48000
+    pcm = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16).reshape(10, 1, 960)
+
+    def frames():  # type: ignore[no-untyped-def]
+        for chunk in pcm:
+            frame = av.AudioFrame.from_ndarray(chunk, format="s16", layout="mono")
+            frame.sample_rate = 48000
+            yield frame
+
+    before = threads()
+    resampler = Resampler(16000)
+    ours = np.concatenate([resampler.resample(f) for f in frames()])
+    assert threads() == before  # PyAV's own: one more thread per core, for its lifetime
+    pyav = av.AudioResampler(format="s16", layout="mono", rate=16000)
+    theirs = np.concatenate([f.to_ndarray().reshape(-1) for frame in frames()
+                             for f in pyav.resample(frame)])
+    assert np.array_equal(ours, theirs) and ours.size > 3000
 
 
 def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():

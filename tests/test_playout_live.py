@@ -5,47 +5,16 @@ dropped and lips and sound still together."""
 from __future__ import annotations
 
 import asyncio
-import fractions
 import time
 
 import aiohttp
-import av
 import numpy as np
 import pytest
-from aiortc.mediastreams import MediaStreamTrack
 
 from inference.tts import SpeechUnavailable, conversation
-from server.client import run_session
+from server.client import PacedSpeech, run_session
 
 STALL_AT, STALL_S = 4.0, 0.25
-
-
-class StallingSpeech(MediaStreamTrack):
-    """Speech in 20 ms frames on the sender's clock, except that the frames due during
-    the stall all leave when it ends."""
-
-    kind = "audio"
-
-    def __init__(self, pcm: np.ndarray) -> None:
-        super().__init__()
-        self.pcm = pcm
-        self.n = 0
-        self.start: float | None = None
-
-    async def recv(self) -> av.AudioFrame:
-        if self.start is None:
-            self.start = time.monotonic()
-        at = self.n * 0.02
-        if STALL_AT <= at < STALL_AT + STALL_S:
-            at = STALL_AT + STALL_S
-        await asyncio.sleep(max(0.0, self.start + at - time.monotonic()))
-        offset = (self.n * 960) % (self.pcm.size - 960)
-        frame = av.AudioFrame.from_ndarray(self.pcm[offset:offset + 960].reshape(1, -1),
-                                           format="s16", layout="mono")
-        frame.sample_rate, frame.pts = 48000, self.n * 960
-        frame.time_base = fractions.Fraction(1, 48000)
-        self.n += 1
-        return frame
 
 
 async def test_a_stalled_sender_gets_its_delay_back_with_nothing_dropped(server):
@@ -69,7 +38,8 @@ async def test_a_stalled_sender_gets_its_delay_back_with_nothing_dropped(server)
                                      sessions[-1]["stats"]["audio"]["buffer_ms"]))
 
     received, _ = await asyncio.gather(
-        run_session(server.url, "", seconds=13.0, audio=StallingSpeech(pcm), keep=False),
+        run_session(server.url, "", seconds=13.0, keep=False,
+                    audio=PacedSpeech(pcm, stall_at=STALL_AT, stall_s=STALL_S)),
         watch())
     t = np.array([b[0] for b in buffered])
     ms = np.array([b[1] for b in buffered])
