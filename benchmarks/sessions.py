@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,18 +223,18 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     }
 
 
-def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
-              client_processes: int, decoded: int, motion_only: bool = False,
-              server_cpus: set[int] | None = None) -> dict[str, Any]:
+@contextlib.contextmanager
+def started_server(args: list[str], cpus: set[int] | None = None
+                   ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m server`` on a free loopback port (on ``cpus``, if given), ready to
+    serve: its URL and process. Stopped on leaving."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
     server = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", str(port), "--ice-host", "127.0.0.1",
-         "--set", f"video.size={size}", "--set", f"session.max_sessions={max(sessions, 4)}",
-         "--set", f"session.max_motion_sessions={max(sessions, 4)}", *extra],
-        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-        preexec_fn=(lambda: os.sched_setaffinity(0, server_cpus)) if server_cpus else None)
+         *args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -245,11 +247,21 @@ def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[s
                     raise RuntimeError("server failed to start:\n"
                                        + log.read().decode()[-2000:]) from None
                 time.sleep(0.2)
-        return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size,
-                                    client_processes, decoded, motion_only))
+        yield url, server
     finally:
         server.terminate()
         server.wait(30)
+
+
+def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
+              client_processes: int, decoded: int, motion_only: bool = False,
+              server_cpus: set[int] | None = None) -> dict[str, Any]:
+    with started_server(["--set", f"video.size={size}",
+                         "--set", f"session.max_sessions={max(sessions, 4)}",
+                         "--set", f"session.max_motion_sessions={max(sessions, 4)}", *extra],
+                        server_cpus) as (url, server):
+        return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size,
+                                    client_processes, decoded, motion_only))
 
 
 def main() -> None:

@@ -16,9 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,10 +26,9 @@ import aiohttp
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from benchmarks.sessions import _free_port, _get, _processes
+from benchmarks.sessions import _get, _processes, started_server
 from inference.tts import conversation
 from server.client import Impairment, PacedSpeech, run_session
-from server.config import REPO_ROOT
 from server.peer import pin_host_addresses
 
 #: Transient sessions, two at a time, each this long.
@@ -227,31 +223,13 @@ def main() -> None:
     parser.add_argument("server_args", nargs="*", help="extra server arguments after --")
     args = parser.parse_args()
     pin_host_addresses(["127.0.0.1"])
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tempfile.TemporaryFile()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port), "--ice-host", "127.0.0.1",
-         "--set", "session.peer_timeout_s=3", *args.server_args],
-        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                _get(f"{url}/healthz")
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("server failed to start") from None
-                time.sleep(0.2)
+    with started_server(["--set", "session.peer_timeout_s=3", *args.server_args]) as (url,
+                                                                                     server):
         report = asyncio.run(soak(url, server.pid, conversation(48000).astype(np.int16),
                                   60.0 * args.minutes))
-        for row in report.trace[:: max(1, len(report.trace) // 30)]:
-            print(json.dumps(row))
-        print(json.dumps(report.summary(), indent=1))
-    finally:
-        server.terminate()
-        server.wait(30)
+    for row in report.trace[:: max(1, len(report.trace) // 30)]:
+        print(json.dumps(row))
+    print(json.dumps(report.summary(), indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""A short soak in CI (``benchmarks/soak.py`` runs it for 30 minutes): sessions joining
+and leaving over lossy, delayed networks with stalled and skewed senders, offers that
+never connect and hostile requests, around one long session that must not notice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from conftest import ServerProcess
+
+from benchmarks.soak import soak
+from inference.tts import SpeechUnavailable, conversation
+
+
+def test_churn_bad_networks_and_hostile_requests_leave_the_server_as_it_was():
+    try:
+        pcm = conversation(48000).astype(np.int16)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    with ServerProcess("--set", "session.peer_timeout_s=3") as server:
+        report = asyncio.run(soak(server.url, server.proc.pid, pcm, seconds=40.0))
+    summary = report.summary()
+    assert report.cycles >= 8, summary
+    assert report.transient_failures == [] and report.bad_answers == [], summary
+    assert report.hostile_answers >= 8 * 9
+    # The long session kept its frame rate, its delay and lips with sound.
+    assert min(report.steady_fps) >= 24.0, summary
+    assert max(report.steady_delay_p95_ms) <= 220, summary
+    assert max(report.steady_av_p95_ms) <= 40, summary
+    fps = summary["transient_fps_median"]
+    assert all(fps[kind] >= 24.0 for kind in ("clean", "stalled", "fast clock",
+                                              "slow clock")), fps
+    assert all(fps[kind] >= 20.0 for kind in ("lossy", "bad network")), fps
+    # Nothing held: every process has the threads and descriptors it had after the first
+    # round (the front door's own HTTP connections come and go).
+    for kind, start in report.start.items():
+        end = report.end[kind]
+        assert end.threads == start.threads, (kind, start, end)
+        assert abs(end.fds - start.fds) <= (2 if kind == "front_door" else 0), (kind, start,
+                                                                                 end)
