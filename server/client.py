@@ -180,13 +180,17 @@ def impair(pc: RTCPeerConnection, impairment: Impairment) -> None:
     rng = np.random.default_rng(impairment.seed)
     loop = asyncio.get_running_loop()
 
-    def held(deliver: Any) -> Any:
+    def held(deliver: Any, transport: asyncio.DatagramTransport) -> Any:
+        def late(*args: Any) -> None:
+            if not transport.is_closing():  # the socket closed while the datagram was held
+                deliver(*args)
+
         def impaired(*args: Any) -> None:
             if rng.random() < impairment.loss:
                 return
             delay = impairment.delay_s + impairment.jitter_s * rng.random()
             if delay > 0:
-                loop.call_later(delay, deliver, *args)
+                loop.call_later(delay, late, *args)
             else:
                 deliver(*args)
         return impaired
@@ -194,8 +198,9 @@ def impair(pc: RTCPeerConnection, impairment: Impairment) -> None:
     for transceiver in pc.getTransceivers():
         connection = transceiver.sender.transport.transport._connection  # aioice's
         for protocol in connection._protocols:
-            protocol.datagram_received = held(protocol.datagram_received)
-            protocol.transport.sendto = held(protocol.transport.sendto)
+            transport = protocol.transport
+            protocol.datagram_received = held(protocol.datagram_received, transport)
+            transport.sendto = held(transport.sendto, transport)
 
 
 async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | None = None,
