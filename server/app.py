@@ -103,10 +103,11 @@ async def connect_inline(settings: Settings, metrics: Metrics) -> Inference:
 
 
 def create_app(settings: Settings, *, connect: Connect = connect_inline,
-               runtime: str | None = None) -> web.Application:
+               runtime: str | None = None, id_prefix: str = "") -> web.Application:
     """One whole server, or one media worker of many: ``connect`` gives it its inference
     (by default the engine on a thread of this process); ``runtime`` is the one the
-    engine runs on, where the front door resolved it."""
+    engine runs on, where the front door resolved it; ``id_prefix`` starts its session
+    ids."""
     app = web.Application(client_max_size=settings.http.max_body_bytes,
                           middlewares=[json_errors,
                                        host_check(allowed_hosts(settings.http))])
@@ -129,7 +130,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         check_model(settings, manifest)
         inference = await connect(settings, metrics)
         avatars = AvatarStore(inference, settings.avatar, settings.video.allowed_sizes)
-        sessions = SessionManager(settings, manifest, inference, avatars, metrics)
+        sessions = SessionManager(settings, manifest, inference, avatars, metrics, id_prefix)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
                             STATIC_DIR, LoopLoad())
         app[state_key] = state

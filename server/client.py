@@ -207,17 +207,24 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                       options: dict[str, Any] | None = None, keep: bool = True,
                       hang_up: bool = True, coefficients: bool = False,
                       audio: MediaStreamTrack | None = None,
-                      network: Impairment | None = None) -> Received:
+                      network: Impairment | None = None,
+                      view: tuple[str, str] | None = None) -> Received:
     """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
     ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
     sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
-    video, only coefficients; with ``network``, the datagrams cross a bad network."""
+    video, only coefficients; with ``network``, the datagrams cross a bad network. With
+    ``view=(session_id, token)`` it sends nothing: it watches a session made by
+    ``POST /sessions``, and leaves it running."""
     motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    if audio is None:
-        audio = MediaPlayer(wav).audio
-    assert audio is not None
-    pc.addTrack(audio)
+    if view is not None:
+        pc.addTransceiver("audio", direction="recvonly")
+        hang_up = False
+    else:
+        if audio is None:
+            audio = MediaPlayer(wav).audio
+        assert audio is not None
+        pc.addTrack(audio)
     if not motion_only:
         pc.addTransceiver("video", direction="recvonly")
     messages: list[dict[str, Any]] = []
@@ -240,6 +247,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     if network is not None:
         impair(pc, network)
     body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    if view is not None:
+        body["session_id"], body["token"] = view
     if avatar:
         body["avatar"] = avatar
     if options:

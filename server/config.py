@@ -161,6 +161,12 @@ class SessionSettings:
     connect_timeout_s: float = setting(5.0, "an offer whose peer has not connected (ICE and "
                                        "DTLS) this long after its answer is closed, freeing "
                                        "its place", low=0.1)
+    unattended_timeout_s: float = setting(300.0, "a session made by POST /sessions ends "
+                                          "after this long with no speech queued and no "
+                                          "viewer", low=1.0)
+    speech_buffer_s: float = setting(30.0, "speech pushed to a session may run this far "
+                                     "ahead of real time; a producer further ahead waits",
+                                     low=1.0, high=600.0)
     peer_timeout_s: float = setting(10.0, "a session whose peer sends nothing for this long "
                                     "(no media and no RTCP reports: gone, not just quiet) is "
                                     "closed", low=0.1)

@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from inference.engine import Manifest
@@ -46,7 +47,7 @@ from server.signalling import (
     require_json,
 )
 from server.state import metrics_key, settings_key
-from server.worker import WorkerProcess, WorkerSpec
+from server.worker import WorkerProcess, WorkerSpec, worker_prefix
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -383,13 +384,48 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=merge_expositions(sources), headers={"Content-Type": CONTENT_TYPE})
 
 
+def _holder(request: web.Request, session_id: object) -> WorkerProcess:
+    """The worker whose session ids start as ``session_id`` does, or 404."""
+    for worker in _door(request).live_workers():
+        if isinstance(session_id, str) and session_id.startswith(worker_prefix(worker.index)):
+            return worker
+    fail(404, "unknown_session", f"no live session {session_id!r}")
+
+
 @routes.post("/offer")
 async def offer(request: web.Request) -> web.Response:
-    door = _door(request)
     require_json(request)
-    options = parse_json_object(await read_body(request, request.read())).get("options")
+    body = parse_json_object(await read_body(request, request.read()))
+    if body.get("session_id") is not None:  # a viewer of a session that exists
+        return await _forward(_holder(request, body["session_id"]), request)
+    return await _place(request, body)
+
+
+@routes.post("/sessions")
+async def create_session(request: web.Request) -> web.Response:
+    require_json(request)
+    return await _place(request, parse_json_object(await read_body(request, request.read())))
+
+
+@routes.post("/sessions/{session_id}/speech")
+async def push_speech(request: web.Request) -> web.Response:
+    """Streamed on to the worker as it arrives, so backpressure reaches the producer."""
+    worker = _holder(request, request.match_info["session_id"])
+    try:
+        return _relay(*await worker.request(
+            "POST", request.rel_url.path, data=request.content,
+            headers={"Content-Type": request.headers.get("Content-Type", "")},
+            timeout=aiohttp.ClientTimeout(total=None)))
+    except OSError as exc:
+        fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: {exc}")
+
+
+async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
+    """A new session, on the worker placement picks (``POST /offer``, ``POST /sessions``)."""
+    door = _door(request)
+    options = body.get("options")
     options = options if isinstance(options, dict) else {}  # the worker names the problem
-    size = options.get("size", door.settings.video.size)
+    size = options.get("size", body.get("size", door.settings.video.size))
     if size not in door.settings.video.allowed_sizes:
         size = door.settings.video.size  # the worker names the problem
     try:
@@ -398,7 +434,7 @@ async def offer(request: web.Request) -> web.Response:
     except Refused as exc:
         door.metrics.admissions.labels(decision="refused").inc()
         at_capacity(str(exc))
-    door.metrics.admissions.labels(decision="placed" if response.status == 200
+    door.metrics.admissions.labels(decision="placed" if response.status in (200, 201)
                                    else f"worker_{response.status}").inc()
     return response
 

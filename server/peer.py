@@ -20,6 +20,7 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
+from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import SessionDescription
 
@@ -68,9 +69,11 @@ def pin_host_addresses(addresses: list[str]) -> None:
         aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: pinned  # type: ignore
 
 
-def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
+def check_offer(sdp: object, kind: object, *, motion_only: bool = False,
+                viewer: bool = False) -> str:
     """The offer's SDP if it can drive a session; otherwise an ``OfferError`` naming why.
-    A motion-only session needs a data channel instead of a video m-line."""
+    A motion-only session needs a data channel instead of a video m-line; a ``viewer``
+    sends nothing, and must receive the audio."""
     if kind != "offer":
         raise OfferError("not_an_offer", f'"type" must be "offer", got {kind!r}')
     if not isinstance(sdp, str) or not sdp.strip():
@@ -92,7 +95,10 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False) -> str:
         raise OfferError("malformed_sdp", f"SDP could not be parsed: {exc}") from None
     audio = [m for m in parsed.media if m.kind == "audio" and m.port != 0]
     video = [m for m in parsed.media if m.kind == "video" and m.port != 0]
-    if not any(m.direction in ("sendrecv", "sendonly") for m in audio):
+    if viewer:
+        if not any(m.direction in ("sendrecv", "recvonly") for m in audio):
+            raise OfferError("no_audio", "a viewer's offer must ask to receive audio")
+    elif not any(m.direction in ("sendrecv", "sendonly") for m in audio):
         raise OfferError("no_audio", "the offer must send one audio track (the driving speech)")
     if motion_only:
         if not any(m.kind == "application" and m.port != 0 for m in parsed.media):
@@ -185,11 +191,15 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
         if channel.label == "coefficients":
             session.add_coefficient_channel(channel)
 
+    tracks: list[MediaStreamTrack] = []
+
     @pc.on("connectionstatechange")
     async def on_state() -> None:
         state = pc.connectionState
         session.set_state(state)
         if state in ("failed", "closed"):
+            for track in tracks:  # this peer's; the session may have others
+                track.stop()
             on_gone(f"peer connection {state}")
 
     sdp, dropped = allowed_candidates(sdp, ice)
@@ -199,6 +209,7 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         audio_out, video_out = session.viewer_tracks()
+        tracks += [audio_out, video_out]
         senders = [pc.addTrack(audio_out)]
         if not session.motion_only:
             senders.append(pc.addTrack(video_out))

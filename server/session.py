@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import random
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
+from server.speech import SpeechQueue
 from server.tracks import SessionAudioTrack, SessionVideoTrack, send_motion
 
 log = logging.getLogger(__name__)
@@ -83,9 +85,14 @@ def _percentile(values: deque[float], q: float) -> float | None:
 class Session:
     def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
                  settings: SessionSettings, fps: int, manifest: Manifest,
-                 inference: Inference, metrics: Metrics, motion_only: bool = False) -> None:
+                 inference: Inference, metrics: Metrics, motion_only: bool = False,
+                 hosted: bool = False) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
+        #: Made by ``POST /sessions``: no peer of its own; speech is pushed into ``speech``,
+        #: viewers attach with ``token``, and it lives until ended or left idle.
+        self.hosted = hosted
+        self.token = secrets.token_urlsafe(24) if hosted else None
         #: No video: each frame's coefficients on the data channel, and the audio back.
         self.motion_only = motion_only
         self.avatar = avatar
@@ -93,12 +100,16 @@ class Session:
         self.settings = settings
         self.manifest = manifest
         self.created = time.time()
-        self.state = "new"
+        self.state = "ready" if hosted else "new"  # a hosted one's viewers come and go
+        self._utterances = 0
         self.close_reason: str | None = None
         self.clock = MediaClock(origin=loop.time(), fps=fps,
                                 delay=settings.pipeline_delay_ms / 1000.0)
         self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
                                   settings.max_buffer_ms)
+        self.speech = SpeechQueue(self.clock.chunk_samples,
+                                  round(settings.speech_buffer_s * AUDIO_RATE))
+        self._last_active = loop.time()  # a hosted session: when it last had speech or viewers
         self._inference = inference
         self._metrics = metrics
         self._windows = FrameWindows(manifest)
@@ -162,7 +173,14 @@ class Session:
         self._outbound.extend(tracks)
         return tracks
 
+    def next_utterance(self) -> str:
+        """A name for the next pushed utterance, in the order they play."""
+        self._utterances += 1
+        return f"{self.id}-u{self._utterances}"
+
     def set_state(self, state: str) -> None:
+        if self.hosted:
+            return
         self.state = state
         if state == "connected" and self._connected_at is None:
             self._connected_at = asyncio.get_running_loop().time()
@@ -189,6 +207,7 @@ class Session:
         for track in self._outbound:
             track.stop()
         self._outbound.clear()
+        self.speech.clear()  # a producer waiting for room is let go
         for callback in self._on_close:
             result = callback(self)
             if asyncio.iscoroutine(result):
@@ -223,10 +242,21 @@ class Session:
         even with its microphone quiet."""
         self._last_heard = at
 
+    def _watched(self) -> bool:
+        return any(track.readyState == "live" for track in self._outbound)
+
     def _gone(self, now: float) -> str | None:
         """Why the peer counts as gone, if it does: it never connected within
         ``connect_timeout_s``, or nothing at all came from it for ``peer_timeout_s``.
-        Silence alone never ends a session; the connection's own failure does that."""
+        Silence alone never ends a session; the connection's own failure does that. A
+        hosted session has no peer: it goes after ``unattended_timeout_s`` with no speech
+        queued and no viewer."""
+        if self.hosted:
+            if self.speech.queued or self._watched():
+                self._last_active = now
+            elif now - self._last_active > self.settings.unattended_timeout_s:
+                return "idle: no speech and no viewer"
+            return None
         if self._connected_at is None:
             if now - self.clock.origin > self.settings.connect_timeout_s:
                 return "never connected"
@@ -238,7 +268,13 @@ class Session:
         return None
 
     def _advance(self, k: int) -> None:
-        samples, arrival = self.ingest.read()
+        if self.hosted:  # pushed speech plays as it is queued: no network clock to follow
+            pushed = self.speech.read()
+            samples = np.zeros(self.clock.chunk_samples, np.int16) if pushed is None \
+                else pushed
+            arrival: float | None = asyncio.get_running_loop().time()
+        else:
+            samples, arrival = self.ingest.read()
         self._chunks[k] = samples
         self._chunks.pop(k - KEEP_CHUNKS, None)
         if arrival is not None:

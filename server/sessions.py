@@ -32,8 +32,11 @@ SETTLED_S = 3.0
 
 class SessionManager:
     def __init__(self, settings: Settings, manifest: Manifest, inference: Inference,
-                 avatars: AvatarStore, metrics: Metrics) -> None:
+                 avatars: AvatarStore, metrics: Metrics, id_prefix: str = "") -> None:
         self.settings = settings
+        #: Starts every session id: a media worker's ``w<index>-``, so the front door can
+        #: route a session's requests (a streamed speech body can be sent only once).
+        self.id_prefix = id_prefix
         self.manifest = manifest
         self.inference = inference
         self.avatars = avatars
@@ -86,7 +89,7 @@ class SessionManager:
         return [s.describe() for s in self._sessions.values()]
 
     async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
-                     motion_only: bool = False) -> Session:
+                     motion_only: bool = False, hosted: bool = False) -> Session:
         """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
         limits = self.settings.session
         most, kind = (limits.max_motion_sessions, "motion-only ") if motion_only \
@@ -105,10 +108,10 @@ class SessionManager:
             handle = await self.avatars.acquire(avatar_id, size)
         finally:
             self._reserved.remove((size, motion_only))
-        session = Session(uuid.uuid4().hex, handle, options,
+        session = Session(self.id_prefix + uuid.uuid4().hex, handle, options,
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, inference=self.inference,
-                          metrics=self.metrics, motion_only=motion_only)
+                          metrics=self.metrics, motion_only=motion_only, hosted=hosted)
         self._sessions[session.id] = session
         self._peers[session.id] = []
         session.on_close(self._forget)

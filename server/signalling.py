@@ -7,6 +7,7 @@ Every error is JSON ``{"error": <code>, "message": <what is wrong>}`` with a 4xx
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import json
 import logging
@@ -15,6 +16,7 @@ from typing import Any, NoReturn, TypeVar
 
 import cv2
 from aiohttp import BodyPartReader, web
+from aiortc import RTCPeerConnection
 
 from inference.engine import KNOBS
 from inference.images import PortraitError
@@ -25,6 +27,7 @@ from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
 from server.sessions import AtCapacity
+from server.speech import SpeechDecoder, SpeechError
 from server.state import ServerState, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
@@ -220,10 +223,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-@routes.post("/offer")
-async def offer(request: web.Request) -> web.Response:
-    state = _state(request)
-    body = await _json_body(request)
+def _new_session(state: ServerState, body: dict[str, Any]
+                 ) -> tuple[str, int, SessionOptions, bool]:
+    """The avatar, frame size, options and motion-only flag a request asks of a new
+    session (``options.size``, or ``size`` beside them), or 400 naming the problem."""
     raw_options = body.get("options")
     if raw_options is None:
         raw_options = {}
@@ -235,33 +238,60 @@ async def offer(request: web.Request) -> web.Response:
     if not isinstance(motion_only, bool):
         fail(400, "invalid_options", f"options.motion_only={motion_only!r} must be true or "
              "false")
-    try:
-        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=motion_only)
-    except OfferError as exc:
-        fail(400, exc.code, str(exc))
     avatar_id = body.get("avatar")
     if avatar_id is None:
         avatar_id = DEFAULT_AVATAR
     if not isinstance(avatar_id, str) or not avatar_id:
         fail(400, "invalid_avatar", f'"avatar" must be an avatar id (a string), got '
              f'{json.dumps(avatar_id)}')
-    size = raw_options.pop("size", state.settings.video.size)
+    size = raw_options.pop("size", body.get("size", state.settings.video.size))
     if size not in state.settings.video.allowed_sizes:
-        fail(400, "invalid_options", f"options.size={size!r} must be one of "
+        fail(400, "invalid_options", f"size={size!r} must be one of "
              f"{state.settings.video.allowed_sizes}")
     options = SessionOptions(state.settings.session.knob_defaults())
     try:
         options.update(raw_options)
     except OptionsError as exc:
         fail(400, "invalid_options", str(exc))
+    return avatar_id, int(size), options, motion_only
+
+
+async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, bool], *,
+                   hosted: bool = False) -> Session:
+    avatar_id, size, options, motion_only = spec
     try:
-        session = await state.sessions.create(avatar_id, int(size), options,
-                                              motion_only=motion_only)
+        return await state.sessions.create(avatar_id, size, options, motion_only=motion_only,
+                                           hosted=hosted)
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
     except AtCapacity as exc:
         at_capacity(str(exc))
 
+
+@routes.post("/sessions")
+async def create_session(request: web.Request) -> web.Response:
+    """A session with no peer: an application pushes its speech, viewers attach."""
+    state = _state(request)
+    session = await _created(state, _new_session(state, await _json_body(request)),
+                             hosted=True)
+    path = f"/sessions/{session.id}"
+    return web.json_response({"session_id": session.id, "token": session.token,
+                              "urls": {"session": path, "speech": f"{path}/speech",
+                                       "viewer_offer": "/offer"}}, status=201)
+
+
+@routes.post("/offer")
+async def offer(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await _json_body(request)
+    if body.get("session_id") is not None:
+        return await _attach_viewer(state, body)
+    spec = _new_session(state, body)
+    try:
+        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=spec[3])
+    except OfferError as exc:
+        fail(400, exc.code, str(exc))
+    session = await _created(state, spec)
     try:
         pc = await answer_offer(session, sdp, ice=state.settings.ice,
                                 codec=state.settings.video.codec, on_gone=session.close_soon)
@@ -273,6 +303,80 @@ async def offer(request: web.Request) -> web.Response:
     return web.json_response({"sdp": pc.localDescription.sdp,
                               "type": pc.localDescription.type,
                               "session_id": session.id})
+
+
+async def _attach_viewer(state: ServerState, body: dict[str, Any]) -> web.Response:
+    """A receive-only offer with ``session_id`` and ``token``: one more viewer of a session
+    made by ``POST /sessions``. A viewer leaving ends nothing but its own connection."""
+    session_id, token = body.get("session_id"), body.get("token")
+    session = state.sessions.get(session_id) if isinstance(session_id, str) else None
+    if session is None:
+        fail(404, "unknown_session", f"no live session {session_id!r}")
+    if not session.hosted or not isinstance(token, str) or session.token is None or \
+            not hmac.compare_digest(token, session.token):
+        fail(403, "bad_token", "a viewer needs the token POST /sessions gave for this session")
+    try:
+        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=session.motion_only,
+                          viewer=True)
+    except OfferError as exc:
+        fail(400, exc.code, str(exc))
+    pc: RTCPeerConnection | None = None
+
+    def gone(reason: str) -> None:
+        log.info("viewer of session %s left: %s", session.id, reason)
+        if pc is not None:
+            asyncio.get_running_loop().create_task(pc.close())
+
+    try:
+        pc = await answer_offer(session, sdp, ice=state.settings.ice,
+                                codec=state.settings.video.codec, on_gone=gone)
+    except Exception as exc:
+        log.info("viewer offer rejected: %s", exc)
+        fail(400, "bad_offer", f"the offer could not be answered: {exc}")
+    state.sessions.add_peer(session, pc)
+    return web.json_response({"sdp": pc.localDescription.sdp,
+                              "type": pc.localDescription.type, "session_id": session.id})
+
+
+@routes.post("/sessions/{session_id}/speech")
+async def push_speech(request: web.Request) -> web.Response:
+    """Speech for a hosted session, streamed as it is made: played in order at real time;
+    a producer running more than ``session.speech_buffer_s`` ahead is read no faster."""
+    state = _state(request)
+    session = _session(request)
+    if not session.hosted:
+        fail(409, "not_hosted", "speech is pushed only into a session made by POST "
+             "/sessions; this one speaks with its peer's microphone")
+    try:
+        decoder = SpeechDecoder(request.headers.get("Content-Type", ""))
+    except SpeechError as exc:
+        fail(exc.status, exc.code, str(exc))
+    limit, received = state.settings.http.max_body_bytes, 0
+    utterance = session.next_utterance()
+    try:
+        while True:
+            data = await asyncio.wait_for(request.content.readany(),
+                                          state.settings.http.body_timeout_s)
+            if not data:
+                break
+            received += len(data)
+            if received > limit:
+                fail(413, "body_too_large", f"speech over http.max_body_bytes={limit} bytes; "
+                     "send a long text as several utterances")
+            await session.speech.put(decoder.feed(data))
+            if session.is_closed:
+                fail(410, "session_ended", f"session {session.id} ended while its speech "
+                     "was arriving")
+        decoder.finish()
+    except SpeechError as exc:
+        fail(exc.status, exc.code, str(exc))
+    except TimeoutError:
+        fail(408, "request_timeout", f"no speech arrived for "
+             f"{state.settings.http.body_timeout_s} s")
+    return web.json_response({"utterance_id": utterance, "session_id": session.id,
+                              "samples": decoder.samples_in, "rate": decoder.rate,
+                              "duration_s": round(decoder.samples_in / decoder.rate, 3)
+                              if decoder.rate else 0.0})
 
 
 @routes.get("/sessions")

@@ -44,6 +44,11 @@ class WorkerSpec:
     ring_motion_pending: int = 0  # ... of its motion-only sessions (slots without a picture)
 
 
+def worker_prefix(index: int) -> str:
+    """How the session ids of worker ``index`` begin."""
+    return f"w{index}-"
+
+
 class WorkerProcess:
     """The front door's handle on one worker: start, stop, ask it over HTTP, hear it die."""
 
@@ -112,7 +117,8 @@ async def _serve(control: Connection, spec: WorkerSpec) -> None:
         await inference.start()
         return inference
 
-    app = create_app(spec.settings, connect=connect, runtime=spec.runtime)
+    app = create_app(spec.settings, connect=connect, runtime=spec.runtime,
+                     id_prefix=worker_prefix(spec.index))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()  # loads, warms up and prepares the default avatar
     if os.path.exists(spec.socket_path):

@@ -1,0 +1,185 @@
+"""Speech an application pushes into a session (its TTS, as it synthesises): the body
+decoded as it streams in (WAV, or raw ``audio/L16``), converted to the server's 48 kHz
+mono, and queued for the session's timeline, which plays it at real time. A producer
+that runs ahead waits once the queue holds ``limit`` samples: backpressure, not memory."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import deque
+from collections.abc import Iterator
+
+import av
+import numpy as np
+
+from server.audio_ingest import Resampler
+from server.media_clock import AUDIO_RATE
+
+WAV_TYPES = frozenset({"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"})
+RATES = range(8000, 96001)
+
+
+class SpeechError(ValueError):
+    """Speech that cannot be played; ``code`` names why for the JSON answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def _parameters(content_type: str) -> tuple[str, dict[str, str]]:
+    kind, *parts = (p.strip() for p in content_type.split(";"))
+    params = {}
+    for part in parts:
+        name, _, value = part.partition("=")
+        params[name.strip().lower()] = value.strip().strip('"')
+    return kind.lower(), params
+
+
+class SpeechDecoder:
+    """A speech body, fed as it arrives, out as 48 kHz mono int16. WAV (16-bit PCM, the
+    header read from the stream, a data size of 0 or 0xFFFFFFFF meaning "until the end",
+    as streaming TTS writes it) or ``audio/L16;rate=R;channels=C`` (16-bit big-endian, as
+    RFC 2586 defines it)."""
+
+    def __init__(self, content_type: str) -> None:
+        kind, params = _parameters(content_type)
+        self._header: bytearray | None = None
+        self.rate = self.channels = 0
+        self._big_endian = False
+        if kind in WAV_TYPES:
+            self._header = bytearray()
+        elif kind == "audio/l16":
+            try:
+                self.rate = int(params.get("rate", ""))
+                self.channels = int(params.get("channels", "1"))
+            except ValueError:
+                raise SpeechError(400, "bad_audio_format", "audio/L16 needs rate=<Hz> and "
+                                  "channels=<1 or 2>, e.g. audio/L16;rate=16000") from None
+            self._big_endian = True
+            self._check_format()
+        else:
+            raise SpeechError(415, "unsupported_media_type",
+                              f"speech must be audio/wav or audio/L16;rate=...;channels=..., "
+                              f"not {content_type or 'nothing'}")
+        self._pending = b""
+        self._resampler = Resampler(AUDIO_RATE)
+        self.samples_in = 0  # frames of the source, at its own rate
+
+    def _check_format(self) -> None:
+        if self.rate not in RATES or self.channels not in (1, 2):
+            raise SpeechError(400, "bad_audio_format",
+                              f"{self.rate} Hz, {self.channels} channel(s): speech must be "
+                              f"8-96 kHz, mono or stereo")
+
+    def _read_header(self) -> bytes | None:
+        """Once the WAV header is whole: the bytes after it; until then None."""
+        head = self._header
+        assert head is not None
+        if len(head) >= 4 and head[:4] != b"RIFF" or len(head) >= 12 and head[8:12] != b"WAVE":
+            raise SpeechError(400, "bad_wav", "not a WAV file (no RIFF/WAVE header)")
+        at, fmt = 12, None
+        while len(head) >= at + 8:
+            kind, size = head[at:at + 4], struct.unpack("<I", head[at + 4:at + 8])[0]
+            if kind == b"data":
+                if fmt is None:
+                    raise SpeechError(400, "bad_wav", "the WAV data comes before its format")
+                self._header = None
+                return bytes(head[at + 8:])
+            if len(head) < at + 8 + size:
+                break
+            if kind == b"fmt ":
+                fmt = head[at + 8:at + 8 + size]
+                if size < 16:
+                    raise SpeechError(400, "bad_wav", "the WAV format chunk is too short")
+                code, self.channels, self.rate = struct.unpack("<HHI", fmt[:8])
+                bits = struct.unpack("<H", fmt[14:16])[0]
+                if code not in (1, 0xFFFE) or bits != 16:
+                    raise SpeechError(400, "bad_audio_format", "WAV speech must be 16-bit PCM")
+                self._check_format()
+            at += 8 + size + (size & 1)
+            if at > 1 << 16:
+                raise SpeechError(400, "bad_wav", "no WAV data in the first 64 kB")
+        return None
+
+    def feed(self, data: bytes) -> np.ndarray:
+        """The samples these bytes complete (maybe none yet)."""
+        if self._header is not None:
+            self._header += data
+            rest = self._read_header()
+            if rest is None:
+                return np.zeros(0, np.int16)
+            data = rest
+        data = self._pending + data
+        frame_bytes = 2 * self.channels
+        usable = len(data) - len(data) % frame_bytes
+        self._pending = data[usable:]
+        if not usable:
+            return np.zeros(0, np.int16)
+        pcm = np.frombuffer(data[:usable], ">i2" if self._big_endian else "<i2")
+        self.samples_in += pcm.size // self.channels
+        if self.rate == AUDIO_RATE and self.channels == 1:
+            return pcm.astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm.astype(np.int16).reshape(1, -1), format="s16",
+                                           layout="mono" if self.channels == 1 else "stereo")
+        frame.sample_rate = self.rate
+        return self._resampler.resample(frame)
+
+    def finish(self) -> None:
+        """The body ended: it must have been whole."""
+        if self._header is not None:
+            raise SpeechError(400, "bad_wav", "the body ended inside the WAV header")
+        if self._pending:
+            raise SpeechError(400, "odd_byte_count", f"the speech ended {len(self._pending)} "
+                              f"byte(s) into a sample frame of {2 * self.channels} bytes")
+
+
+class SpeechQueue:
+    """Pushed speech waiting to play: the timeline takes ``chunk`` samples a tick."""
+
+    def __init__(self, chunk: int, limit: int) -> None:
+        self.chunk = chunk
+        self.limit = limit
+        self._chunks: deque[np.ndarray] = deque()
+        self._head = np.zeros(0, np.int16)
+        self.queued = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def put(self, samples: np.ndarray) -> None:
+        """Queue ``samples``, waiting while the queue is full (the producer is ahead)."""
+        for part in _parts(samples, self.chunk):
+            while self.queued + part.size > self.limit:
+                self._room.clear()
+                await self._room.wait()
+            self._chunks.append(part)
+            self.queued += part.size
+
+    def read(self) -> np.ndarray | None:
+        """The next chunk (the last one of an utterance padded with silence), or None."""
+        if not self.queued and not self._head.size:
+            return None
+        parts, have = [self._head], self._head.size
+        while have < self.chunk and self._chunks:
+            part = self._chunks.popleft()
+            self.queued -= part.size
+            parts.append(part)
+            have += part.size
+        joined = np.concatenate(parts)
+        out, self._head = joined[:self.chunk], joined[self.chunk:]
+        self._room.set()
+        if out.size < self.chunk:
+            out = np.concatenate([out, np.zeros(self.chunk - out.size, np.int16)])
+        return out
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._head = np.zeros(0, np.int16)
+        self.queued = 0
+        self._room.set()
+
+
+def _parts(samples: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for start in range(0, samples.size, size):
+        yield samples[start:start + size]

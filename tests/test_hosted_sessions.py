@@ -1,0 +1,126 @@
+"""Sessions an application drives (issue 10, first step): ``POST /sessions`` makes one with
+no peer, the application streams its speech over HTTP as it synthesises it, and viewers
+attach with the session's token; the avatar speaks that speech to them in sync."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import wave
+
+import aiohttp
+import numpy as np
+import pytest
+from test_webrtc_session import _audio_envelope_at, _frame_centres, _mouth_box, _mouth_signal
+
+from inference.tts import SpeechUnavailable, conversation
+from server.client import run_session
+
+
+def _wav_stream(pcm: np.ndarray, rate: int) -> bytes:
+    """A WAV as streaming TTS writes it: the sizes unknown (0xFFFFFFFF) when it starts."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.astype("<i2").tobytes())
+    data = bytearray(out.getvalue())
+    data[4:8] = data[40:44] = struct.pack("<I", 0xFFFFFFFF)
+    return bytes(data)
+
+
+async def _create(http: aiohttp.ClientSession, url: str, **body: object) -> dict:
+    async with http.post(f"{url}/sessions", json=body) as response:
+        answer = await response.json()
+        assert response.status == 201, answer
+        return answer
+
+
+async def test_an_application_speaks_through_a_session_that_a_viewer_watches(server):
+    try:
+        speech = conversation(16000)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    body = _wav_stream(speech, 16000)
+    async with aiohttp.ClientSession() as http:
+        created = await _create(http, server.url)
+        session_id, token = created["session_id"], created["token"]
+        assert created["urls"]["speech"] == f"/sessions/{session_id}/speech"
+
+        async def synthesised():  # type: ignore[no-untyped-def]
+            for start in range(0, len(body), 8000):  # 4x faster than real time
+                yield body[start:start + 8000]
+                await asyncio.sleep(0.0625)
+
+        async def speak() -> dict:
+            await asyncio.sleep(1.0)  # the viewer is watching by then
+            async with http.post(f"{server.url}/sessions/{session_id}/speech",
+                                 data=synthesised(),
+                                 headers={"Content-Type": "Audio/WAV"}) as response:
+                answer = await response.json()
+                assert response.status == 200, answer
+                return answer
+
+        received, spoken = await asyncio.gather(
+            run_session(server.url, "", seconds=speech.size / 16000 + 2.5,
+                        view=(session_id, token)),
+            speak())
+        assert spoken["duration_s"] == pytest.approx(speech.size / 16000, abs=0.01)
+        async with http.get(f"{server.url}/sessions/{session_id}") as response:
+            assert (await response.json())["state"] == "ready"  # the viewer left; it stays
+        async with http.delete(f"{server.url}/sessions/{session_id}") as response:
+            assert response.status == 204
+
+    assert received.video_fps() >= 24.0
+    # The viewer hears the pushed speech, and the mouth follows it.
+    mouth = _mouth_signal(received, _mouth_box(server, 256))
+    envelope = _audio_envelope_at(received, _frame_centres(received))
+    speaking = envelope > 0.2 * envelope.max()
+    quiet = envelope < 0.02 * envelope.max()
+    assert envelope.max() > 1000 and speaking.sum() > 25 and quiet.sum() > 25
+    assert mouth[speaking].mean() > 3 * mouth[quiet].mean()
+
+
+async def test_bad_speech_and_bad_viewers_are_refused_and_the_session_runs_on(server):
+    async with aiohttp.ClientSession() as http:
+        created = await _create(http, server.url, size=256)
+        url = f"{server.url}/sessions/{created['session_id']}/speech"
+
+        async def expect(status: int, code: str, data: bytes, content_type: str,
+                         target: str = url) -> None:
+            async with http.post(target, data=data,
+                                 headers={"Content-Type": content_type}) as response:
+                answer = await response.json()
+                assert (response.status, answer["error"]) == (status, code), answer
+
+        pcm = np.zeros(1600, "<i2").tobytes()
+        await expect(415, "unsupported_media_type", pcm, "text/plain")
+        await expect(400, "bad_audio_format", pcm, "audio/L16")  # no rate
+        await expect(400, "bad_audio_format", pcm, "audio/L16;rate=4000")
+        await expect(400, "odd_byte_count", pcm + b"\x00", "audio/L16;rate=16000")
+        await expect(400, "bad_wav", b"RIFX" + pcm, "audio/wav")
+        await expect(400, "bad_audio_format",
+                     _wav_stream(np.zeros(10), 16000).replace(b"\x10\x00data", b"\x08\x00data"),
+                     "audio/wav")
+        await expect(404, "unknown_session", pcm, "audio/L16;rate=16000",
+                     f"{server.url}/sessions/w0-nosuchsession/speech")
+        # L16 as RFC 2586 defines it (big-endian), parameters in any case: accepted.
+        async with http.post(url, data=np.zeros(3200, ">i2").tobytes(),
+                             headers={"Content-Type": "audio/l16; Rate=16000; CHANNELS=1"}
+                             ) as response:
+            assert response.status == 200 and (await response.json())["duration_s"] == 0.2
+
+        for token in ("wrong", None):
+            offer = {"sdp": "v=0", "type": "offer", "session_id": created["session_id"],
+                     "token": token}
+            async with http.post(f"{server.url}/offer", json=offer) as response:
+                answer = await response.json()
+                assert (response.status, answer["error"]) == (403, "bad_token"), answer
+        async with http.get(f"{server.url}/sessions/{created['session_id']}") as response:
+            assert (await response.json())["state"] == "ready"
+        async with http.delete(f"{server.url}/sessions/{created['session_id']}") as response:
+            assert response.status == 204
+        async with http.delete(f"{server.url}/sessions/{created['session_id']}") as response:
+            assert response.status == 404
