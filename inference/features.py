@@ -134,6 +134,19 @@ class StreamingLogMel:
             out[n_silent:] = self._store[lo - self._first : end - self._first]
         return out
 
+    def silence_from(self, sample: int) -> None:
+        """The stream as if it had been silent from ``sample`` on (barge-in: speech cut off
+        must not reach a frame still to be made): every mel frame that heard that audio
+        reads as silence, and audio not yet framed is zeroed."""
+        spec = self.spec
+        padded = sample + _left_pad(spec)
+        first = max(self._first, (padded - spec.n_fft) // spec.hop_length + 1)
+        if first < self._first + self._count:
+            self._store[first - self._first:self._count] = self.silence
+        offset = padded - self._next_frame * spec.hop_length
+        if offset < self._pending.size:
+            self._pending[max(offset, 0):] = 0.0
+
     def discard_before(self, frame: int) -> None:
         """Forget frames below ``frame`` so a long session's memory stays bounded."""
         frame = min(frame, self._next_frame)
@@ -164,6 +177,14 @@ class FrameWindows:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         self.samples_pushed += samples.size
         self._mel.push(samples)
+
+    def silence_from(self, sample: int) -> None:
+        """Windows still to come hear nothing of the audio from ``sample`` on."""
+        self._mel.silence_from(sample)
+
+    def silent_window(self) -> np.ndarray:
+        return np.full((self.timing.window_frames, self.timing.features.n_mels),
+                       self._mel.silence, np.float32)
 
     def ready(self) -> Iterator[tuple[int, np.ndarray]]:
         """(video frame index, its (window_frames, n_mels) window) for every frame the audio

@@ -420,6 +420,11 @@ async def push_speech(request: web.Request) -> web.Response:
         fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: {exc}")
 
 
+@routes.post("/sessions/{session_id}/interrupt")
+async def interrupt(request: web.Request) -> web.Response:
+    return await _forward(_holder(request, request.match_info["session_id"]), request)
+
+
 async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
     """A new session, on the worker placement picks (``POST /offer``, ``POST /sessions``)."""
     door = _door(request)

@@ -102,6 +102,9 @@ class Session:
         self.created = time.time()
         self.state = "ready" if hosted else "new"  # a hosted one's viewers come and go
         self._utterances = 0
+        self._chunk_sources: dict[int, list[tuple[str, int]]] = {}  # chunk -> utterance samples
+        self._played: dict[str, int] = {}  # utterance -> samples the timeline took
+        self._next_chunk = 0
         self.close_reason: str | None = None
         self.clock = MediaClock(origin=loop.time(), fps=fps,
                                 delay=settings.pipeline_delay_ms / 1000.0)
@@ -172,6 +175,33 @@ class Session:
         tracks = SessionAudioTrack(self), SessionVideoTrack(self)
         self._outbound.extend(tracks)
         return tracks
+
+    def interrupt(self) -> dict[str, Any]:
+        """Barge-in: everything not yet sent to a viewer goes, together. Queued speech is
+        dropped, chunks on the timeline but unsent become silence, the features forget
+        them, and frames that would show them are made again from silence, so the mouth
+        closes as the sound stops. Says which utterances were cut and how much of each
+        was sent (so an agent can cut its transcript to what was heard)."""
+        # The first chunk no viewer was sent (no further back than the chunks kept).
+        cut = max(max(self._audio_sent, default=-1) + 1, self._next_chunk - KEEP_CHUNKS)
+        queued = self.speech.clear()
+        unsent: dict[str, int] = {}
+        for k in range(cut, self._next_chunk):
+            self._chunks[k] = np.zeros(self.clock.chunk_samples, np.int16)
+            for utterance, n in self._chunk_sources.pop(k, ()):
+                unsent[utterance] = unsent.get(utterance, 0) + n
+        rate = self.manifest.features.sample_rate
+        self._windows.silence_from(cut * self.clock.chunk_samples * rate // AUDIO_RATE)
+        first_frame = -(-cut // self.clock.chunks_per_frame)
+        for index in [i for i in self._frames if i >= first_frame]:
+            self._submit(index, self._windows.silent_window())
+        heard = []
+        for utterance in dict.fromkeys([*unsent, *queued]):
+            samples = self._played.get(utterance, 0) - unsent.get(utterance, 0)
+            heard.append({"utterance_id": utterance, "heard_samples": samples,
+                          "heard_s": round(samples / AUDIO_RATE, 3)})
+        return {"session_id": self.id, "interrupted": heard,
+                "at_s": round(cut * self.clock.chunk_seconds, 3), "frame": first_frame}
 
     def next_utterance(self) -> str:
         """A name for the next pushed utterance, in the order they play."""
@@ -268,10 +298,16 @@ class Session:
         return None
 
     def _advance(self, k: int) -> None:
+        self._next_chunk = k + 1
         if self.hosted:  # pushed speech plays as it is queued: no network clock to follow
             pushed = self.speech.read()
-            samples = np.zeros(self.clock.chunk_samples, np.int16) if pushed is None \
-                else pushed
+            samples = np.zeros(self.clock.chunk_samples, np.int16)
+            if pushed is not None:
+                samples, sources = pushed
+                self._chunk_sources[k] = sources
+                for utterance, n in sources:
+                    self._played[utterance] = self._played.get(utterance, 0) + n
+            self._chunk_sources.pop(k - KEEP_CHUNKS, None)
             arrival: float | None = asyncio.get_running_loop().time()
         else:
             samples, arrival = self.ingest.read()
@@ -293,15 +329,18 @@ class Session:
         for i, mel in self._windows.ready():
             if not self._viewers_started:
                 continue  # nobody is watching yet: keep the timeline, skip the compute
-            request = FrameInput.for_frame(self.avatar.slot, i, self.clock.fps, mel,
-                                           self.manifest.knob_vector(self.options.values),
-                                           self._phase)
-            future = self._inference.submit(request, self.clock.video_send_time(i),
-                                            picture=not self.motion_only)
-            future.add_done_callback(self._count_drop)
-            self._frames[i] = future
+            self._submit(i, mel)
             self._frames.pop(i - KEEP_FRAMES, None)
-            self.frames_submitted += 1
+
+    def _submit(self, i: int, mel: np.ndarray) -> None:
+        request = FrameInput.for_frame(self.avatar.slot, i, self.clock.fps, mel,
+                                       self.manifest.knob_vector(self.options.values),
+                                       self._phase)
+        future = self._inference.submit(request, self.clock.video_send_time(i),
+                                        picture=not self.motion_only)
+        future.add_done_callback(self._count_drop)
+        self._frames[i] = future
+        self.frames_submitted += 1
 
     def _count_drop(self, future: asyncio.Future[FrameResult | None]) -> None:
         if not future.cancelled() and future.result() is None:

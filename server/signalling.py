@@ -352,7 +352,7 @@ async def push_speech(request: web.Request) -> web.Response:
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
     limit, received = state.settings.http.max_body_bytes, 0
-    utterance = session.next_utterance()
+    utterance, generation = session.next_utterance(), session.speech.generation
     try:
         while True:
             data = await asyncio.wait_for(request.content.readany(),
@@ -363,10 +363,12 @@ async def push_speech(request: web.Request) -> web.Response:
             if received > limit:
                 fail(413, "body_too_large", f"speech over http.max_body_bytes={limit} bytes; "
                      "send a long text as several utterances")
-            await session.speech.put(decoder.feed(data))
-            if session.is_closed:
-                fail(410, "session_ended", f"session {session.id} ended while its speech "
-                     "was arriving")
+            if not await session.speech.put(decoder.feed(data), utterance, generation):
+                if session.is_closed:
+                    fail(410, "session_ended", f"session {session.id} ended while its "
+                         "speech was arriving")
+                return web.json_response({"utterance_id": utterance, "session_id": session.id,
+                                          "interrupted": True})
         decoder.finish()
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
@@ -374,9 +376,19 @@ async def push_speech(request: web.Request) -> web.Response:
         fail(408, "request_timeout", f"no speech arrived for "
              f"{state.settings.http.body_timeout_s} s")
     return web.json_response({"utterance_id": utterance, "session_id": session.id,
+                              "interrupted": False,
                               "samples": decoder.samples_in, "rate": decoder.rate,
                               "duration_s": round(decoder.samples_in / decoder.rate, 3)
                               if decoder.rate else 0.0})
+
+
+@routes.post("/sessions/{session_id}/interrupt")
+async def interrupt(request: web.Request) -> web.Response:
+    """Barge-in: the avatar stops speaking now (``Session.interrupt``)."""
+    session = _session(request)
+    if not session.hosted:
+        fail(409, "not_hosted", "only a session made by POST /sessions speaks pushed speech")
+    return web.json_response(session.interrupt())
 
 
 @routes.get("/sessions")

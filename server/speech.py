@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
-from collections.abc import Iterator
 
 import av
 import numpy as np
@@ -136,50 +135,62 @@ class SpeechDecoder:
 
 
 class SpeechQueue:
-    """Pushed speech waiting to play: the timeline takes ``chunk`` samples a tick."""
+    """Pushed speech waiting to play, each part tagged with its utterance: the timeline
+    takes ``chunk`` samples a tick. ``clear`` (barge-in, the session's end) empties it
+    and starts a new ``generation``: what producers of the old one still send is
+    refused."""
 
     def __init__(self, chunk: int, limit: int) -> None:
         self.chunk = chunk
         self.limit = limit
-        self._chunks: deque[np.ndarray] = deque()
-        self._head = np.zeros(0, np.int16)
+        self._parts: deque[tuple[str, np.ndarray]] = deque()
         self.queued = 0
+        self.generation = 0
         self._room = asyncio.Event()
         self._room.set()
 
-    async def put(self, samples: np.ndarray) -> None:
-        """Queue ``samples``, waiting while the queue is full (the producer is ahead)."""
-        for part in _parts(samples, self.chunk):
-            while self.queued + part.size > self.limit:
+    async def put(self, samples: np.ndarray, utterance: str, generation: int) -> bool:
+        """Queue ``samples``, waiting while the queue is full (the producer is ahead).
+        False, and nothing queued, once the queue is cleared after ``generation``."""
+        for start in range(0, samples.size, self.chunk):
+            part = samples[start:start + self.chunk]
+            while self.queued + part.size > self.limit and self.generation == generation:
                 self._room.clear()
                 await self._room.wait()
-            self._chunks.append(part)
+            if self.generation != generation:
+                return False
+            self._parts.append((utterance, part))
             self.queued += part.size
+        return self.generation == generation
 
-    def read(self) -> np.ndarray | None:
-        """The next chunk (the last one of an utterance padded with silence), or None."""
-        if not self.queued and not self._head.size:
+    def read(self) -> tuple[np.ndarray, list[tuple[str, int]]] | None:
+        """The next chunk (padded with silence where the queue ran out) and how many of its
+        samples each utterance gave, or None when nothing is queued."""
+        if not self.queued:
             return None
-        parts, have = [self._head], self._head.size
-        while have < self.chunk and self._chunks:
-            part = self._chunks.popleft()
-            self.queued -= part.size
-            parts.append(part)
-            have += part.size
-        joined = np.concatenate(parts)
-        out, self._head = joined[:self.chunk], joined[self.chunk:]
+        out, have, sources = [], 0, []
+        while have < self.chunk and self._parts:
+            utterance, part = self._parts.popleft()
+            take = part[:self.chunk - have]
+            if take.size < part.size:
+                self._parts.appendleft((utterance, part[take.size:]))
+            out.append(take)
+            have += take.size
+            self.queued -= take.size
+            if sources and sources[-1][0] == utterance:
+                sources[-1] = (utterance, sources[-1][1] + take.size)
+            else:
+                sources.append((utterance, take.size))
         self._room.set()
-        if out.size < self.chunk:
-            out = np.concatenate([out, np.zeros(self.chunk - out.size, np.int16)])
-        return out
+        if have < self.chunk:
+            out.append(np.zeros(self.chunk - have, np.int16))
+        return np.concatenate(out), sources
 
-    def clear(self) -> None:
-        self._chunks.clear()
-        self._head = np.zeros(0, np.int16)
+    def clear(self) -> list[str]:
+        """Empty it; the utterances that had speech still queued."""
+        cut = list(dict.fromkeys(utterance for utterance, _ in self._parts))
+        self._parts.clear()
         self.queued = 0
+        self.generation += 1
         self._room.set()
-
-
-def _parts(samples: np.ndarray, size: int) -> Iterator[np.ndarray]:
-    for start in range(0, samples.size, size):
-        yield samples[start:start + size]
+        return cut

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import time
 import wave
 
 import aiohttp
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from test_webrtc_session import _audio_envelope_at, _frame_centres, _mouth_box, _mouth_signal
 
-from inference.tts import SpeechUnavailable, conversation
+from inference.tts import SpeechUnavailable, conversation, espeak
 from server.client import run_session
 
 
@@ -81,6 +82,64 @@ async def test_an_application_speaks_through_a_session_that_a_viewer_watches(ser
     quiet = envelope < 0.02 * envelope.max()
     assert envelope.max() > 1000 and speaking.sum() > 25 and quiet.sum() > 25
     assert mouth[speaking].mean() > 3 * mouth[quiet].mean()
+
+
+async def test_an_interrupt_stops_the_sound_and_closes_the_mouth_within_200_ms(server):
+    try:
+        speech = espeak("Let me tell you a rather long story about a lighthouse keeper, "
+                        "who counted every ship that passed his rock for forty years, and "
+                        "never once left the island.", rate=16000)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    body = _wav_stream(speech, 16000)
+    async with aiohttp.ClientSession() as http:
+        created = await _create(http, server.url)
+        session_id = created["session_id"]
+        marks: dict[str, object] = {}
+
+        async def synthesised():  # type: ignore[no-untyped-def]
+            for start in range(0, len(body), 8000):  # a little faster than real time, so
+                yield body[start:start + 8000]  # the request is still arriving at the cut
+                await asyncio.sleep(0.2)
+
+        async def speak_then_cut() -> None:
+            await asyncio.sleep(1.0)
+            async with http.post(f"{server.url}/sessions/{session_id}/speech",
+                                 data=synthesised(),
+                                 headers={"Content-Type": "audio/wav"}) as response:
+                marks["speech"] = await response.json()
+
+        async def cut() -> None:
+            await asyncio.sleep(4.0)  # 3 s into the speech
+            marks["at"] = time.monotonic()
+            async with http.post(f"{server.url}/sessions/{session_id}/interrupt") as response:
+                assert response.status == 200
+                marks["interrupt"] = await response.json()
+
+        received, _, _ = await asyncio.gather(
+            run_session(server.url, "", seconds=7.0, view=(session_id, created["token"])),
+            speak_then_cut(), cut())
+        async with http.delete(f"{server.url}/sessions/{session_id}"):
+            pass
+
+    at = float(marks["at"])  # type: ignore[arg-type]
+    assert marks["speech"]["interrupted"] is True  # type: ignore[index]
+    (cut_off,) = marks["interrupt"]["interrupted"]  # type: ignore[index]
+    assert cut_off["utterance_id"] == marks["speech"]["utterance_id"]  # type: ignore[index]
+    assert 2.5 < cut_off["heard_s"] < 3.5  # about what had played when it was cut
+    audio = received.audio
+    loudness = np.array([np.sqrt(np.mean(d.astype(np.float32) ** 2)) for d in audio.data])
+    arrivals = np.asarray(audio.arrivals)
+    before = loudness[(arrivals > at - 0.5) & (arrivals < at)]
+    after = loudness[arrivals > at + 0.2]
+    assert before.max() > 1000  # it was speaking ...
+    assert after.size > 50 and after.max() < 50  # ... and was silent within 200 ms
+    mouth = _mouth_signal(received, _mouth_box(server, 256))
+    video_at = np.asarray(received.video.arrivals)
+    speaking = mouth[(video_at > at - 2.0) & (video_at < at)]
+    closed = mouth[video_at > at + 0.2]
+    assert closed.size > 40 and closed.max() < 0.5 * speaking.max()
+    assert np.median(closed) < 0.25 * np.median(speaking)
 
 
 async def test_bad_speech_and_bad_viewers_are_refused_and_the_session_runs_on(server):
