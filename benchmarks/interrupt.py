@@ -1,0 +1,110 @@
+"""Barge-in latency at a viewer: how long after ``POST /sessions/{id}/interrupt`` the
+viewer's audio goes silent and the avatar's mouth closes.
+
+A real server on loopback, one hosted session, one aiortc viewer that decodes. For each
+trial the application streams an espeak-ng sentence and cuts it 2-3 s in; the viewer's
+own arrival times give the latencies: the last audible chunk and the last frame whose
+mouth is still open after the request.
+
+    python -m benchmarks.interrupt --trials 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import time
+import wave
+
+import aiohttp
+import numpy as np
+
+from benchmarks.sessions import _get, started_server
+from inference.tts import espeak
+from server.client import run_session
+from server.peer import pin_host_addresses
+
+SENTENCE = ("Let me tell you a rather long story about a lighthouse keeper, who counted every "
+            "ship that passed his rock for forty years, and never once left the island.")
+
+
+def _mouth(frames: list[np.ndarray], box: tuple[slice, slice]) -> np.ndarray:
+    return np.array([(f[box].astype(np.float32).mean(axis=2) < 60).mean() for f in frames])
+
+
+def _box(url: str, size: int = 256) -> tuple[slice, slice]:
+    """Around the default avatar's mouth, as the end-to-end tests measure it."""
+    geometry = _get(f"{url}/avatars/astronaut")["geometry"][str(size)]
+    half = geometry["mouth_half_width"] * size / 2
+    x = round((geometry["mouth_x"] + 1) * size / 2)
+    y = round((geometry["mouth_y"] + 1) * size / 2)
+    return slice(int(y - 0.8 * half), int(y + 1.4 * half)), slice(int(x - 1.3 * half),
+                                                                   int(x + 1.3 * half))
+
+
+async def trial(url: str, wav: bytes, cut_after: float) -> tuple[float, float]:
+    """(seconds to silence, seconds to a closed mouth) after one interrupt."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/sessions", json={}) as response:
+            created = await response.json()
+        session = created["session_id"]
+        marks: dict[str, float] = {}
+
+        async def speak_and_cut() -> None:
+            await asyncio.sleep(1.0)
+            async with http.post(f"{url}/sessions/{session}/speech", data=wav,
+                                 headers={"Content-Type": "audio/wav"}):
+                pass
+            await asyncio.sleep(cut_after)
+            marks["at"] = time.monotonic()
+            async with http.post(f"{url}/sessions/{session}/interrupt"):
+                pass
+
+        received, _ = await asyncio.gather(
+            run_session(url, "", seconds=cut_after + 3.0, view=(session, created["token"])),
+            speak_and_cut())
+        async with http.delete(f"{url}/sessions/{session}"):
+            pass
+    at = marks["at"]
+    loud = np.array([np.sqrt(np.mean(d.astype(np.float32) ** 2)) for d in received.audio.data])
+    arrivals = np.asarray(received.audio.arrivals)
+    heard = arrivals[(arrivals > at - 1.0) & (loud > 300)]
+    silence = max(0.0, float(heard.max() - at)) if heard.size else float("nan")
+    mouth = _mouth(received.video.data, _box(url))
+    shown = np.asarray(received.video.arrivals)
+    open_level = np.percentile(mouth[(shown > at - 2.0) & (shown < at)], 90)
+    opened = shown[(shown > at - 1.0) & (mouth > 0.5 * open_level)]
+    closed = max(0.0, float(opened.max() - at)) if opened.size else float("nan")
+    return silence, closed
+
+
+async def run(url: str, trials: int) -> None:
+    speech = espeak(SENTENCE, rate=16000)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(speech.astype("<i2").tobytes())
+    rng = np.random.default_rng(0)
+    results = [await trial(url, out.getvalue(), float(rng.uniform(2.0, 3.0)))
+               for _ in range(trials)]
+    silence, closed = (np.array(r) * 1000 for r in zip(*results, strict=True))
+    for name, ms in (("audio silent", silence), ("mouth closed", closed)):
+        print(f"{name:13s} after the request: p50 {np.nanpercentile(ms, 50):5.0f} ms  "
+              f"p95 {np.nanpercentile(ms, 95):5.0f} ms  max {np.nanmax(ms):5.0f} ms  "
+              f"({trials} trials)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    args = parser.parse_args()
+    pin_host_addresses(["127.0.0.1"])
+    with started_server([]) as (url, _):
+        asyncio.run(run(url, args.trials))
+
+
+if __name__ == "__main__":
+    main()
