@@ -420,6 +420,26 @@ async def push_speech(request: web.Request) -> web.Response:
         fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: {exc}")
 
 
+@routes.get("/sessions/{session_id}/events")
+async def session_events(request: web.Request) -> web.StreamResponse:
+    """The holding worker's event stream, relayed as it comes."""
+    worker = _holder(request, request.match_info["session_id"])
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+    try:
+        async with worker.stream(request.rel_url.path) as upstream:
+            if upstream.status != 200:
+                return _relay(upstream.status, await upstream.read(), dict(upstream.headers))
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+    except (OSError, aiohttp.ClientError) as exc:
+        if not response.prepared:
+            fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: "
+                 f"{exc}")
+    return response  # the worker's stream ended (its session did) or the worker went
+
+
 @routes.post("/sessions/{session_id}/interrupt")
 async def interrupt(request: web.Request) -> web.Response:
     return await _forward(_holder(request, request.match_info["session_id"]), request)

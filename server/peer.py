@@ -190,6 +190,8 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
     def on_datachannel(channel: RTCDataChannel) -> None:
         if channel.label == "coefficients":
             session.add_coefficient_channel(channel)
+        elif channel.label == "events":
+            session.events.add_channel(channel)
 
     tracks: list[MediaStreamTrack] = []
 

@@ -31,6 +31,7 @@ from inference.scheduler import FrameResult
 from inference.service import Inference
 from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
+from server.events import EventStream
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
 from server.speech import SpeechQueue
@@ -104,6 +105,9 @@ class Session:
         self._utterances = 0
         self._chunk_sources: dict[int, list[tuple[str, int]]] = {}  # chunk -> utterance samples
         self._played: dict[str, int] = {}  # utterance -> samples the timeline took
+        self._sent_samples: dict[str, int] = {}  # utterance -> samples sent to viewers
+        self._totals: dict[str, int] = {}  # utterance -> samples in all, once it has arrived
+        self.events = EventStream()
         self._next_chunk = 0
         self.close_reason: str | None = None
         self.clock = MediaClock(origin=loop.time(), fps=fps,
@@ -200,8 +204,38 @@ class Session:
             samples = self._played.get(utterance, 0) - unsent.get(utterance, 0)
             heard.append({"utterance_id": utterance, "heard_samples": samples,
                           "heard_s": round(samples / AUDIO_RATE, 3)})
-        return {"session_id": self.id, "interrupted": heard,
-                "at_s": round(cut * self.clock.chunk_seconds, 3), "frame": first_frame}
+        for entry in heard:
+            self._forget_utterance(entry["utterance_id"])
+        result = {"session_id": self.id, "interrupted": heard,
+                  "at_s": round(cut * self.clock.chunk_seconds, 3), "frame": first_frame}
+        self.events.publish({"type": "interrupted", **result})
+        return result
+
+    def utterance_complete(self, utterance: str, samples: int) -> None:
+        """All of ``utterance`` has arrived: ``samples`` at 48 kHz. Its end is announced
+        when the last of them leaves."""
+        self._totals[utterance] = samples
+        loop = asyncio.get_running_loop()
+        self._end_if_sent(utterance, max(self._audio_sent, default=0), loop.time())
+
+    def _end_if_sent(self, utterance: str, k: int, sent_at: float) -> None:
+        total = self._totals.get(utterance)
+        if total is not None and self._sent_samples.get(utterance, -1) >= total:
+            self._publish_utterance("utterance_ended", utterance, k + 1, sent_at)
+            self._forget_utterance(utterance)
+
+    def _forget_utterance(self, utterance: str) -> None:
+        for table in (self._totals, self._sent_samples, self._played):
+            table.pop(utterance, None)
+
+    def _publish_utterance(self, kind: str, utterance: str, k: int, sent_at: float) -> None:
+        """``kind`` of ``utterance`` at chunk ``k``'s media time and frame, and the wall
+        clock when its sound left (what RTCP sender reports map a viewer's audio to)."""
+        wall = time.time() - (asyncio.get_running_loop().time() - sent_at)
+        self.events.publish({"type": kind, "session_id": self.id, "utterance_id": utterance,
+                             "media_time_s": round(k * self.clock.chunk_seconds, 3),
+                             "frame": k // self.clock.chunks_per_frame,
+                             "wall_time": round(wall, 4)})
 
     def next_utterance(self) -> str:
         """A name for the next pushed utterance, in the order they play."""
@@ -238,6 +272,7 @@ class Session:
             track.stop()
         self._outbound.clear()
         self.speech.clear()  # a producer waiting for room is let go
+        self.events.close()
         for callback in self._on_close:
             result = callback(self)
             if asyncio.iscoroutine(result):
@@ -368,6 +403,12 @@ class Session:
         if k in self._audio_sent:
             return
         self._audio_sent[k] = sent_at
+        for utterance, n in self._chunk_sources.get(k, ()):
+            if utterance not in self._sent_samples:
+                self._sent_samples[utterance] = 0
+                self._publish_utterance("utterance_started", utterance, k, sent_at)
+            self._sent_samples[utterance] += n
+            self._end_if_sent(utterance, k, sent_at)
         for content_index, video_at in self._video_awaiting_audio.pop(k, ()):
             self._observe_av_offset(content_index, video_at, sent_at)
 

@@ -23,6 +23,7 @@ from inference.images import PortraitError
 from inference.runtimes import VERIFIED
 from server.avatars import DEFAULT_AVATAR, UnknownAvatar
 from server.config import HttpSettings, Settings
+from server.events import server_sent
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
@@ -46,6 +47,8 @@ class ApiError(web.HTTPException):
         self.code = code
 
 
+#: An event stream with nothing to say sends a comment this often (proxies keep it open).
+KEEPALIVE_S = 15.0
 #: A session sending fewer fresh frames than this share of video.fps counts as degraded.
 DEGRADED_BELOW = 0.96
 #: Seconds a client refused for capacity is asked to wait before it tries again.
@@ -351,7 +354,7 @@ async def push_speech(request: web.Request) -> web.Response:
         decoder = SpeechDecoder(request.headers.get("Content-Type", ""))
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
-    limit, received = state.settings.http.max_body_bytes, 0
+    limit, received, queued = state.settings.http.max_body_bytes, 0, 0
     utterance, generation = session.next_utterance(), session.speech.generation
     try:
         while True:
@@ -363,13 +366,16 @@ async def push_speech(request: web.Request) -> web.Response:
             if received > limit:
                 fail(413, "body_too_large", f"speech over http.max_body_bytes={limit} bytes; "
                      "send a long text as several utterances")
-            if not await session.speech.put(decoder.feed(data), utterance, generation):
+            samples = decoder.feed(data)
+            queued += samples.size
+            if not await session.speech.put(samples, utterance, generation):
                 if session.is_closed:
                     fail(410, "session_ended", f"session {session.id} ended while its "
                          "speech was arriving")
                 return web.json_response({"utterance_id": utterance, "session_id": session.id,
                                           "interrupted": True})
         decoder.finish()
+        session.utterance_complete(utterance, queued)
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
     except TimeoutError:
@@ -389,6 +395,32 @@ async def interrupt(request: web.Request) -> web.Response:
     if not session.hosted:
         fail(409, "not_hosted", "only a session made by POST /sessions speaks pushed speech")
     return web.json_response(session.interrupt())
+
+
+@routes.get("/sessions/{session_id}/events")
+async def session_events(request: web.Request) -> web.StreamResponse:
+    """The session's events as server-sent events, until it ends (``server.events``)."""
+    session = _session(request)
+    queue = session.events.subscribe()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        await response.write(b": following session events\n\n")
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keep-alive\n\n")
+                continue
+            if event is None:
+                break
+            await response.write(server_sent(event))
+    except ConnectionResetError:
+        pass
+    finally:
+        session.events.unsubscribe(queue)
+    return response
 
 
 @routes.get("/sessions")

@@ -8,9 +8,10 @@ of every worker on that GPU share one scheduler and so one batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -91,6 +92,15 @@ class WorkerProcess:
 
     def kill(self) -> None:
         self.child.kill()
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET of the worker's API whose answer is read as it comes (an event stream)."""
+        if self.http is None:
+            raise ConnectionError(f"worker {self.index} is not running")
+        async with self.http.get(f"http://worker{path}",
+                                 timeout=aiohttp.ClientTimeout(total=None)) as response:
+            yield response
 
     async def request(self, method: str, path: str, **kwargs: Any
                       ) -> tuple[int, bytes, dict[str, str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import struct
 import time
 import wave
@@ -30,6 +31,20 @@ def _wav_stream(pcm: np.ndarray, rate: int) -> bytes:
     data = bytearray(out.getvalue())
     data[4:8] = data[40:44] = struct.pack("<I", 0xFFFFFFFF)
     return bytes(data)
+
+
+#: NTP time (sender reports) less Unix time (the events' wall_time).
+NTP_EPOCH = 2208988800
+
+
+async def _follow(http: aiohttp.ClientSession, url: str, events: list[dict]) -> None:
+    """Read a session's server-sent events into ``events`` until its stream ends."""
+    async with http.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        async for line in response.content:
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
 
 
 async def _create(http: aiohttp.ClientSession, url: str, **body: object) -> dict:
@@ -64,6 +79,9 @@ async def test_an_application_speaks_through_a_session_that_a_viewer_watches(ser
                 assert response.status == 200, answer
                 return answer
 
+        events: list[dict] = []
+        following = asyncio.create_task(
+            _follow(http, f"{server.url}/sessions/{session_id}/events", events))
         received, spoken = await asyncio.gather(
             run_session(server.url, "", seconds=speech.size / 16000 + 2.5,
                         view=(session_id, token)),
@@ -73,6 +91,20 @@ async def test_an_application_speaks_through_a_session_that_a_viewer_watches(ser
             assert (await response.json())["state"] == "ready"  # the viewer left; it stays
         async with http.delete(f"{server.url}/sessions/{session_id}") as response:
             assert response.status == 204
+        await asyncio.wait_for(following, 5)  # the stream ends with the session
+
+    # Its start and end were announced with the times its sound left, which are the
+    # times the viewer's own sender reports give for that audio.
+    started, ended = ([e for e in events if e["type"] == kind] for kind in
+                      ("utterance_started", "utterance_ended"))
+    assert [e["utterance_id"] for e in started] == [spoken["utterance_id"]]
+    assert [e["utterance_id"] for e in ended] == [spoken["utterance_id"]]
+    assert ended[0]["media_time_s"] - started[0]["media_time_s"] == pytest.approx(
+        speech.size / 16000, abs=0.03)
+    audio_times = received.audio.sender_times() - NTP_EPOCH
+    heard = audio_times[np.argmax([np.abs(d).max() > 300 for d in received.audio.data])]
+    lead = np.argmax(np.abs(speech) > 300) / 16000  # the speech opens with a silence
+    assert abs(heard - (started[0]["wall_time"] + lead)) < 0.04  # within one frame
 
     assert received.video_fps() >= 24.0
     # The viewer hears the pushed speech, and the mouth follows it.
@@ -116,11 +148,18 @@ async def test_an_interrupt_stops_the_sound_and_closes_the_mouth_within_200_ms(s
                 assert response.status == 200
                 marks["interrupt"] = await response.json()
 
+        events: list[dict] = []
+        following = asyncio.create_task(
+            _follow(http, f"{server.url}/sessions/{session_id}/events", events))
         received, _, _ = await asyncio.gather(
             run_session(server.url, "", seconds=7.0, view=(session_id, created["token"])),
             speak_then_cut(), cut())
         async with http.delete(f"{server.url}/sessions/{session_id}"):
             pass
+        await asyncio.wait_for(following, 5)
+    # Followers heard of the cut as the interrupting caller did; the utterance never ended.
+    assert [e["type"] for e in events] == ["utterance_started", "interrupted"]
+    assert events[1]["interrupted"] == marks["interrupt"]["interrupted"]  # type: ignore[index]
 
     at = float(marks["at"])  # type: ignore[arg-type]
     assert marks["speech"]["interrupted"] is True  # type: ignore[index]
