@@ -440,6 +440,38 @@ async def session_events(request: web.Request) -> web.StreamResponse:
     return response  # the worker's stream ended (its session did) or the worker went
 
 
+@routes.get("/sessions/{session_id}/ws")
+async def session_socket(request: web.Request) -> web.StreamResponse:
+    """The client's WebSocket joined to one with the holding worker, message for message."""
+    worker = _holder(request, request.match_info["session_id"])
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            upstream = await stack.enter_async_context(worker.websocket(request.rel_url.path))
+        except aiohttp.WSServerHandshakeError as exc:
+            fail(exc.status, "websocket_refused", f"the session's worker refused: "
+                 f"{exc.message}")
+        except (OSError, aiohttp.ClientError) as exc:
+            fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: "
+                 f"{exc}")
+        ws = web.WebSocketResponse(max_msg_size=1 << 20)
+        await ws.prepare(request)
+
+        async def pump(source: Any, sink: Any) -> None:
+            async for message in source:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    await sink.send_str(message.data)
+                elif message.type == aiohttp.WSMsgType.BINARY:
+                    await sink.send_bytes(message.data)
+            await sink.close()
+
+        tasks = [asyncio.create_task(pump(ws, upstream)), asyncio.create_task(pump(upstream, ws))]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return ws
+
+
 @routes.post("/sessions/{session_id}/interrupt")
 async def interrupt(request: web.Request) -> web.Response:
     return await _forward(_holder(request, request.match_info["session_id"]), request)

@@ -102,6 +102,16 @@ class WorkerProcess:
                                  timeout=aiohttp.ClientTimeout(total=None)) as response:
             yield response
 
+    @contextlib.asynccontextmanager
+    async def websocket(self, path: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        """A WebSocket to the worker's API."""
+        if self.http is None:
+            raise ConnectionError(f"worker {self.index} is not running")
+        async with self.http.ws_connect(f"http://worker{path}", autoping=True,
+                                        max_msg_size=1 << 20,
+                                        timeout=aiohttp.ClientWSTimeout(ws_close=5)) as ws:
+            yield ws
+
     async def request(self, method: str, path: str, **kwargs: Any
                       ) -> tuple[int, bytes, dict[str, str]]:
         """One request to the worker's API: status, body, headers."""

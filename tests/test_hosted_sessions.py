@@ -181,6 +181,56 @@ async def test_an_interrupt_stops_the_sound_and_closes_the_mouth_within_200_ms(s
     assert np.median(closed) < 0.25 * np.median(speaking)
 
 
+async def test_speech_and_barge_in_over_one_websocket_with_events_back(server):
+    try:
+        speech = espeak("Hello from the other end of a web socket.", rate=16000)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    async with aiohttp.ClientSession() as http:
+        created = await _create(http, server.url)
+        session_id = created["session_id"]
+        messages: list[dict] = []
+
+        async def drive() -> None:
+            async with http.ws_connect(f"{server.url}/sessions/{session_id}/ws") as ws:
+                async def until(kind: str) -> dict:
+                    while True:
+                        message = await asyncio.wait_for(ws.receive_json(), 10)
+                        messages.append(message)
+                        if message["type"] == kind:
+                            return message
+
+                await asyncio.sleep(1.0)  # the viewer is watching
+                await ws.send_bytes(b"\x00\x00")  # audio before any utterance
+                assert (await until("error"))["error"] == "no_utterance"
+                await ws.send_str("not json")
+                assert (await until("error"))["error"] == "bad_message"
+                await ws.send_json({"type": "speech", "content_type": "audio/L16;rate=16000"})
+                opened = await until("utterance_opened")
+                pcm = speech.astype(">i2").tobytes()
+                for start in range(0, len(pcm), 3200):  # 100 ms a message, all at once
+                    await ws.send_bytes(pcm[start:start + 3200])
+                await ws.send_json({"type": "end"})
+                queued = await until("utterance_queued")
+                assert queued["utterance_id"] == opened["utterance_id"]
+                assert queued["duration_s"] == pytest.approx(speech.size / 16000, abs=0.01)
+                ended = await until("utterance_ended")
+                assert ended["utterance_id"] == opened["utterance_id"]
+                await ws.send_json({"type": "interrupt"})  # nothing playing: a no-op
+                assert (await until("interrupted"))["interrupted"] == []
+
+        received, _ = await asyncio.gather(
+            run_session(server.url, "", seconds=speech.size / 16000 + 3.0,
+                        view=(session_id, created["token"])),
+            drive())
+        async with http.delete(f"{server.url}/sessions/{session_id}"):
+            pass
+    kinds = [m["type"] for m in messages]
+    assert kinds.index("utterance_started") < kinds.index("utterance_ended")
+    loudness = [np.abs(d).max() for d in received.audio.data]
+    assert max(loudness) > 1000  # the viewer heard it
+
+
 async def test_bad_speech_and_bad_viewers_are_refused_and_the_session_runs_on(server):
     async with aiohttp.ClientSession() as http:
         created = await _create(http, server.url, size=256)
