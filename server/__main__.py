@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from inference.child_process import LOG_FORMAT
@@ -9,6 +10,13 @@ from server.app import create_app
 from server.config import parse_args
 from server.front_door import create_front_door
 from server.serving import serve
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     for section, values in settings.effective().items():
         log.info("settings [%s] %s", section,
                  " ".join(f"{key}={value!r}" for key, value in values.items()))
+    if not settings.http.api_keys and not _loopback(settings.http.host):
+        log.warning("listening on %s with no http.api_keys: anyone who can reach it may "
+                    "create, drive and end sessions; set SONIC_API_KEYS", settings.http.host)
     app = create_app(settings) if settings.workers.embedded else create_front_door(settings)
     serve(app, settings.http, lambda: log.info("serving on http://%s:%d", settings.http.host,
                                                settings.http.port))

@@ -15,6 +15,7 @@ from inference.engine import FrameInput, Manifest
 from inference.features import log_mel
 from inference.runtimes import VERIFIED, resolve_runtime
 from inference.service import Inference, InferenceConfig, start_inline
+from server.access import Access
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
 from server.encoding import use_realtime_vp8
@@ -23,7 +24,7 @@ from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager
 from server.signalling import allowed_hosts, host_check, json_errors, routes
-from server.state import ServerState, metrics_key, settings_key, state_key
+from server.state import ServerState, access_key, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 STATIC_DIR = REPO_ROOT / "static"
@@ -116,6 +117,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
     metrics = Metrics()
     app[settings_key] = settings
     app[metrics_key] = metrics
+    app[access_key] = Access(settings.http)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)

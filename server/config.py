@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import os
 import textwrap
 import tomllib
 import typing
@@ -68,6 +69,11 @@ class HttpSettings:
     idle_timeout_s: float = setting(15.0, "a connection is closed after this long with no "
                                     "request in progress; it also bounds how long a "
                                     "request's headers may take to arrive", low=0.1)
+    api_keys: list[str] = setting([], "keys a caller must present (Authorization: Bearer "
+                                  "KEY) to create, drive, list or end sessions and to "
+                                  "upload; each caller sees only its own sessions. Also "
+                                  "read from SONIC_API_KEYS (comma-separated). Empty: open, "
+                                  "as suits loopback", secret=True)
     allowed_hosts: list[str] = setting([], "Host names requests may carry (without port); "
                                        "empty: only 127.0.0.1, localhost and ::1 when "
                                        "listening on loopback (against DNS rebinding), any "
@@ -306,6 +312,10 @@ def _apply(settings: Settings, section: str, key: str, value: Any) -> None:
     setattr(group, key, _coerce(value, group_hints[key], f"{section}.{key}"))
 
 
+#: The environment variable API keys may come from instead of a file on disk.
+API_KEYS_ENV = "SONIC_API_KEYS"
+
+
 def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
                   ) -> Settings:
     """Defaults, then the TOML file, then ``section.key`` overrides; validated."""
@@ -320,6 +330,9 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
                 raise ConfigError(f"{section} must be a [section] of settings")
             for key, value in values.items():
                 _apply(settings, section, key, value)
+    keys = os.environ.get(API_KEYS_ENV, "").strip()
+    if keys:
+        _apply(settings, "http", "api_keys", keys)
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.partition(".")
         _apply(settings, section, key, value)

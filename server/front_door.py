@@ -30,6 +30,7 @@ from aiohttp import web
 from inference.engine import Manifest
 from inference.inference_process import InferenceProcess, unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
+from server.access import Access
 from server.app import STATIC_DIR, check_model, inference_config
 from server.config import Settings
 from server.load import CoresBusy, HostModel
@@ -46,7 +47,7 @@ from server.signalling import (
     read_body,
     require_json,
 )
-from server.state import metrics_key, settings_key
+from server.state import access_key, metrics_key, settings_key
 from server.worker import WorkerProcess, WorkerSpec, worker_prefix
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,8 @@ def _door(request: web.Request) -> FrontDoor:
 
 
 def _relay(status: int, body: bytes, headers: dict[str, str]) -> web.Response:
-    kept = {k: v for k, v in headers.items() if k.lower() in ("content-type", "retry-after")}
+    kept = {k: v for k, v in headers.items()
+            if k.lower() in ("content-type", "retry-after", "www-authenticate")}
     return web.Response(status=status, body=body, headers=kept)
 
 
@@ -305,7 +307,14 @@ async def _outgoing(request: web.Request) -> dict[str, Any]:
     return {"data": await read_body(request, request.read()),
             "params": dict(request.rel_url.query),
             "headers": {"Content-Type": request.headers.get("Content-Type",
-                                                            "application/octet-stream")}}
+                                                            "application/octet-stream"),
+                        **_credentials(request)}}
+
+
+def _credentials(request: web.Request) -> dict[str, str]:
+    """The caller's API key, for the worker to check and to know whose sessions to show."""
+    key = request.headers.get("Authorization")
+    return {"Authorization": key} if key else {}
 
 
 async def _forward(worker: WorkerProcess, request: web.Request) -> web.Response:
@@ -377,9 +386,11 @@ async def metrics(request: web.Request) -> web.Response:
     """The front door's own metrics (engine batches, placement, restarts) and every
     worker's (sessions, frames, delays), each sample labelled with its ``process``."""
     door = _door(request)
+    request.app[access_key].caller(request)
     sources = [("front-door", door.metrics.render().decode())]
     sources += [(f"worker-{worker.index}", body.decode())
-                for worker, status, body, _ in await door.ask_all("GET", "/metrics")
+                for worker, status, body, _ in await door.ask_all(
+                    "GET", "/metrics", headers=_credentials(request))
                 if status == 200]
     return web.Response(body=merge_expositions(sources), headers={"Content-Type": CONTENT_TYPE})
 
@@ -414,7 +425,8 @@ async def push_speech(request: web.Request) -> web.Response:
     try:
         return _relay(*await worker.request(
             "POST", request.rel_url.path, data=request.content,
-            headers={"Content-Type": request.headers.get("Content-Type", "")},
+            headers={"Content-Type": request.headers.get("Content-Type", ""),
+                     **_credentials(request)},
             timeout=aiohttp.ClientTimeout(total=None)))
     except OSError as exc:
         fail(502, "worker_unavailable", f"media worker {worker.index} did not answer: {exc}")
@@ -427,7 +439,7 @@ async def session_events(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     try:
-        async with worker.stream(request.rel_url.path) as upstream:
+        async with worker.stream(request.rel_url.path, _credentials(request)) as upstream:
             if upstream.status != 200:
                 return _relay(upstream.status, await upstream.read(), dict(upstream.headers))
             await response.prepare(request)
@@ -446,7 +458,8 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     worker = _holder(request, request.match_info["session_id"])
     async with contextlib.AsyncExitStack() as stack:
         try:
-            upstream = await stack.enter_async_context(worker.websocket(request.rel_url.path))
+            upstream = await stack.enter_async_context(
+                worker.websocket(request.rel_url.path, _credentials(request)))
         except aiohttp.WSServerHandshakeError as exc:
             fail(exc.status, "websocket_refused", f"the session's worker refused: "
                  f"{exc.message}")
@@ -480,6 +493,7 @@ async def interrupt(request: web.Request) -> web.Response:
 async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
     """A new session, on the worker placement picks (``POST /offer``, ``POST /sessions``)."""
     door = _door(request)
+    request.app[access_key].caller(request)  # no place is held for a caller without a key
     options = body.get("options")
     options = options if isinstance(options, dict) else {}  # the worker names the problem
     size = options.get("size", body.get("size", door.settings.video.size))
@@ -498,8 +512,10 @@ async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
 
 @routes.get("/sessions")
 async def list_sessions(request: web.Request) -> web.Response:
+    request.app[access_key].caller(request)
     sessions = []
-    for worker, status, body, _ in await _door(request).ask_all("GET", "/sessions"):
+    for worker, status, body, _ in await _door(request).ask_all(
+            "GET", "/sessions", headers=_credentials(request)):
         if status == 200:
             sessions += [{**s, "worker": worker.index} for s in json.loads(body)["sessions"]]
     return web.json_response({"sessions": sessions})
@@ -560,6 +576,7 @@ def create_front_door(settings: Settings) -> web.Application:
     app[front_door_key] = door
     app[settings_key] = settings
     app[metrics_key] = door.metrics
+    app[access_key] = Access(settings.http)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         try:

@@ -87,9 +87,10 @@ class Session:
     def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
                  settings: SessionSettings, fps: int, manifest: Manifest,
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
-                 hosted: bool = False) -> None:
+                 hosted: bool = False, owner: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
+        self.owner = owner  # the API key that made it (``server.access``), if keys are on
         #: Made by ``POST /sessions``: no peer of its own; speech is pushed into ``speech``,
         #: viewers attach with ``token``, and it lives until ended or left idle.
         self.hosted = hosted

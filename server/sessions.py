@@ -7,6 +7,7 @@ import collections
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiortc import RTCPeerConnection
@@ -85,11 +86,13 @@ class SessionManager:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    def list(self) -> list[dict[str, Any]]:
-        return [s.describe() for s in self._sessions.values()]
+    def list(self, visible: Callable[[Session], bool] = lambda s: True
+             ) -> list[dict[str, Any]]:
+        return [s.describe() for s in self._sessions.values() if visible(s)]
 
     async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
-                     motion_only: bool = False, hosted: bool = False) -> Session:
+                     motion_only: bool = False, hosted: bool = False,
+                     owner: str | None = None) -> Session:
         """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
         limits = self.settings.session
         most, kind = (limits.max_motion_sessions, "motion-only ") if motion_only \
@@ -111,7 +114,8 @@ class SessionManager:
         session = Session(self.id_prefix + uuid.uuid4().hex, handle, options,
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, inference=self.inference,
-                          metrics=self.metrics, motion_only=motion_only, hosted=hosted)
+                          metrics=self.metrics, motion_only=motion_only, hosted=hosted,
+                          owner=owner)
         self._sessions[session.id] = session
         self._peers[session.id] = []
         session.on_close(self._forget)

@@ -23,28 +23,18 @@ from inference.images import PortraitError
 from inference.runtimes import VERIFIED
 from server.avatars import DEFAULT_AVATAR, UnknownAvatar
 from server.config import HttpSettings, Settings
+from server.errors import ApiError, fail
 from server.events import server_sent
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
 from server.sessions import AtCapacity
 from server.speech import SpeechDecoder, SpeechError
-from server.state import ServerState, metrics_key, settings_key, state_key
+from server.state import ServerState, access_key, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 T = TypeVar("T")
-
-
-class ApiError(web.HTTPException):
-    """An HTTP error with a JSON body naming the problem."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 headers: dict[str, str] | None = None) -> None:
-        self.status_code = status
-        super().__init__(text=json.dumps({"error": code, "message": message}),
-                         content_type="application/json", headers=headers)
-        self.code = code
 
 
 #: An event stream with nothing to say sends a comment this often (proxies keep it open).
@@ -53,10 +43,6 @@ KEEPALIVE_S = 15.0
 DEGRADED_BELOW = 0.96
 #: Seconds a client refused for capacity is asked to wait before it tries again.
 RETRY_AFTER_S = 5
-
-
-def fail(status: int, code: str, message: str) -> NoReturn:
-    raise ApiError(status, code, message)
 
 
 def at_capacity(message: str) -> NoReturn:
@@ -212,6 +198,7 @@ def config_body(settings: Settings) -> dict[str, Any]:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
+    _caller(request)
     state = _state(request)
 
     def refresh() -> None:
@@ -259,12 +246,12 @@ def _new_session(state: ServerState, body: dict[str, Any]
     return avatar_id, int(size), options, motion_only
 
 
-async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, bool], *,
-                   hosted: bool = False) -> Session:
+async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, bool],
+                   owner: str | None, *, hosted: bool = False) -> Session:
     avatar_id, size, options, motion_only = spec
     try:
         return await state.sessions.create(avatar_id, size, options, motion_only=motion_only,
-                                           hosted=hosted)
+                                           hosted=hosted, owner=owner)
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
     except AtCapacity as exc:
@@ -275,7 +262,8 @@ async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, boo
 async def create_session(request: web.Request) -> web.Response:
     """A session with no peer: an application pushes its speech, viewers attach."""
     state = _state(request)
-    session = await _created(state, _new_session(state, await _json_body(request)),
+    owner = _caller(request)
+    session = await _created(state, _new_session(state, await _json_body(request)), owner,
                              hosted=True)
     path = f"/sessions/{session.id}"
     return web.json_response({"session_id": session.id, "token": session.token,
@@ -289,12 +277,13 @@ async def offer(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if body.get("session_id") is not None:
         return await _attach_viewer(state, body)
+    owner = _caller(request)
     spec = _new_session(state, body)
     try:
         sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=spec[3])
     except OfferError as exc:
         fail(400, exc.code, str(exc))
-    session = await _created(state, spec)
+    session = await _created(state, spec, owner)
     try:
         pc = await answer_offer(session, sdp, ice=state.settings.ice,
                                 codec=state.settings.video.codec, on_gone=session.close_soon)
@@ -533,13 +522,21 @@ async def session_events(request: web.Request) -> web.StreamResponse:
 
 @routes.get("/sessions")
 async def list_sessions(request: web.Request) -> web.Response:
-    return web.json_response({"sessions": _state(request).sessions.list()})
+    caller, access = _caller(request), request.app[access_key]
+    return web.json_response({"sessions": _state(request).sessions.list(
+        lambda session: access.sees(session.owner, caller))})
+
+
+def _caller(request: web.Request) -> str | None:
+    """The caller's API key, as an owner id (None with keys off); 401 without one."""
+    return request.app[access_key].caller(request)
 
 
 def _session(request: web.Request) -> Session:
+    """The session the path names, if the caller may drive it; another key's is 404."""
     session_id = request.match_info["session_id"]
     session = _state(request).sessions.get(session_id)
-    if session is None:
+    if session is None or not request.app[access_key].sees(session.owner, _caller(request)):
         fail(404, "unknown_session", f"no live session {session_id!r}")
     return session
 
@@ -562,8 +559,7 @@ async def update_session(request: web.Request) -> web.Response:
 
 @routes.delete("/sessions/{session_id}")
 async def delete_session(request: web.Request) -> web.Response:
-    if not await _state(request).sessions.close(request.match_info["session_id"], "hung up"):
-        fail(404, "unknown_session", f"no live session {request.match_info['session_id']!r}")
+    await _session(request).close("hung up")
     return web.Response(status=204)
 
 
@@ -603,6 +599,7 @@ async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
 
 @routes.post("/avatars")
 async def upload_avatar(request: web.Request) -> web.Response:
+    _caller(request)
     data, name = await read_body(request, _upload_bytes(request))
     try:
         avatar = await _state(request).avatars.add_upload(data, name)

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from inference.engine import Manifest
 from inference.service import Inference
+from server.access import Access
 from server.avatars import AvatarStore
 from server.config import Settings
 from server.load import LoopLoad
@@ -33,3 +34,4 @@ state_key: web.AppKey[ServerState] = web.AppKey("state", ServerState)
 #: Also set on the front door's application, which has no ``ServerState``.
 settings_key: web.AppKey[Settings] = web.AppKey("settings", Settings)
 metrics_key: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+access_key: web.AppKey[Access] = web.AppKey("access", Access)

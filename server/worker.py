@@ -94,20 +94,22 @@ class WorkerProcess:
         self.child.kill()
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def stream(self, path: str, headers: dict[str, str]
+                     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A GET of the worker's API whose answer is read as it comes (an event stream)."""
         if self.http is None:
             raise ConnectionError(f"worker {self.index} is not running")
-        async with self.http.get(f"http://worker{path}",
+        async with self.http.get(f"http://worker{path}", headers=headers,
                                  timeout=aiohttp.ClientTimeout(total=None)) as response:
             yield response
 
     @contextlib.asynccontextmanager
-    async def websocket(self, path: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    async def websocket(self, path: str, headers: dict[str, str]
+                        ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         """A WebSocket to the worker's API."""
         if self.http is None:
             raise ConnectionError(f"worker {self.index} is not running")
-        async with self.http.ws_connect(f"http://worker{path}", autoping=True,
+        async with self.http.ws_connect(f"http://worker{path}", autoping=True, headers=headers,
                                         max_msg_size=1 << 20,
                                         timeout=aiohttp.ClientWSTimeout(ws_close=5)) as ws:
             yield ws

@@ -1,0 +1,23 @@
+"""The API's error answer: a status and a JSON body naming the problem."""
+
+from __future__ import annotations
+
+import json
+from typing import NoReturn
+
+from aiohttp import web
+
+
+class ApiError(web.HTTPException):
+    """An HTTP error with a JSON body naming the problem."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
+        self.status_code = status
+        super().__init__(text=json.dumps({"error": code, "message": message}),
+                         content_type="application/json", headers=headers)
+        self.code = code
+
+
+def fail(status: int, code: str, message: str) -> NoReturn:
+    raise ApiError(status, code, message)

@@ -1,0 +1,78 @@
+"""With API keys set, control routes need a key and each key sees only its own sessions;
+viewers need only their session's token (issue 10, item 5)."""
+
+from __future__ import annotations
+
+import os
+
+import aiohttp
+import pytest
+from conftest import ServerProcess
+
+from server.client import run_session
+
+
+@pytest.fixture(scope="module")
+def keyed():  # type: ignore[no-untyped-def]
+    """A server whose keys come from the environment, as an operator would pass them."""
+    os.environ["SONIC_API_KEYS"] = "key-one,key-two"
+    try:
+        with ServerProcess("--set", "session.peer_timeout_s=3") as server:
+            yield server
+    finally:
+        del os.environ["SONIC_API_KEYS"]
+
+
+def _as(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_without_a_key_control_routes_are_401(keyed):
+    async with aiohttp.ClientSession() as http:
+        for method, path, kwargs in (
+                ("POST", "/sessions", {"json": {}}),
+                ("POST", "/offer", {"json": {"sdp": "v=0", "type": "offer"}}),
+                ("GET", "/sessions", {}),
+                ("GET", "/metrics", {}),
+                ("POST", "/avatars", {"data": b"x", "headers": {"Content-Type": "image/png"}})):
+            for key in ({}, _as("not-a-key")):
+                sent = dict(kwargs)
+                sent["headers"] = {**sent.get("headers", {}), **key}
+                async with http.request(method, f"{keyed.url}{path}", **sent) as response:
+                    body = await response.json()
+                    assert (response.status, body["error"]) == (401, "unauthorized"), \
+                        (method, path, body)
+                    assert response.headers["WWW-Authenticate"] == "Bearer"
+        async with http.get(f"{keyed.url}/healthz") as response:
+            assert response.status == 200
+        async with http.get(f"{keyed.url}/config") as response:
+            assert (await response.json())["settings"]["http"]["api_keys"] != \
+                ["key-one", "key-two"]  # withheld
+
+
+async def test_each_key_sees_and_drives_only_its_own_sessions(keyed):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{keyed.url}/sessions", json={}, headers=_as("key-one")) as r:
+            created = await r.json()
+            assert r.status == 201, created
+        mine = f"{keyed.url}/sessions/{created['session_id']}"
+        for method, suffix in (("GET", ""), ("PATCH", ""), ("DELETE", ""),
+                               ("POST", "/interrupt"), ("GET", "/events")):
+            async with http.request(method, mine + suffix, json={},
+                                    headers=_as("key-two")) as response:
+                assert response.status == 404, (method, suffix)
+        async with http.post(mine + "/speech", data=b"\x00\x00",
+                             headers={"Content-Type": "audio/L16;rate=16000",
+                                      **_as("key-two")}) as response:
+            assert response.status == 404
+        async with http.get(f"{keyed.url}/sessions", headers=_as("key-two")) as response:
+            assert (await response.json())["sessions"] == []
+        async with http.get(f"{keyed.url}/sessions", headers=_as("key-one")) as response:
+            listed = [s["session_id"] for s in (await response.json())["sessions"]]
+            assert listed == [created["session_id"]]
+        # A viewer needs no key, only the session's token.
+        received = await run_session(keyed.url, "", seconds=2.0,
+                                     view=(created["session_id"], created["token"]))
+        assert received.video_fps() >= 20
+        async with http.delete(mine, headers=_as("key-one")) as response:
+            assert response.status == 204
