@@ -39,6 +39,14 @@ class Access:
                        "Authorization: Bearer KEY (one of http.api_keys)",
                        headers={"WWW-Authenticate": "Bearer"})
 
+    def viewer(self, request: web.Request) -> str | None:
+        """As ``caller``, for routes open to all (what is public): None with keys off, the
+        key's owner id with a valid key, and "" (sees only what is public) without one."""
+        try:
+            return self.caller(request)
+        except ApiError:
+            return ""
+
     def sees(self, owner: str | None, caller: str | None) -> bool:
         """Whether a caller may see and drive what ``owner`` made."""
         return not self._keys or owner == caller

@@ -28,6 +28,10 @@ class UnknownAvatar(KeyError):
     pass
 
 
+class AvatarInUse(Exception):
+    pass
+
+
 @dataclass
 class Avatar:
     """An avatar as served: its portrait prepared at every frame side sessions may ask
@@ -40,6 +44,15 @@ class Avatar:
     prepared: dict[int, PreparedPortrait]
     credit: str | None = None  # who made the portrait, and its licence
     created: float = field(default_factory=time.time)
+    #: Uploaded portraits are people's faces: with API keys on, only the keys that
+    #: uploaded one see it, unless it was made public. The shipped ones are public.
+    public: bool = True
+    owners: set[str] = field(default_factory=set)
+    shipped: bool = False  # comes with the server: never removed
+
+    def visible_to(self, caller: str | None) -> bool:
+        """``caller``: an API key's owner id, or None with keys off (all is visible)."""
+        return caller is None or self.public or caller in self.owners
 
     def describe(self) -> dict[str, Any]:
         h, w = self.height, self.width
@@ -47,7 +60,7 @@ class Avatar:
                                 zip(GEOMETRY_NAMES, p.geometry, strict=True)}
                     for size, p in self.prepared.items()}
         return {"avatar_id": self.avatar_id, "name": self.name, "credit": self.credit,
-                "width": w, "height": h,
+                "width": w, "height": h, "public": self.public,
                 "created": self.created, "image_url": f"/avatars/{self.avatar_id}/image",
                 "geometry": geometry,
                 "geometry_source": next(iter(self.prepared.values())).source}
@@ -65,16 +78,39 @@ class AvatarStore:
 
     async def load_default(self) -> Avatar:
         source = await asyncio.to_thread(self._decode, DEFAULT_AVATAR_PATH.read_bytes())
-        return await self._add(DEFAULT_AVATAR, "Astronaut", source,
-                               credit="Eileen Collins, NASA portrait, public domain")
+        avatar = await self._add(DEFAULT_AVATAR, "Astronaut", source,
+                                 credit="Eileen Collins, NASA portrait, public domain")
+        avatar.shipped = True
+        return avatar
 
-    async def add_upload(self, data: bytes, name: str | None) -> Avatar:
-        """Validate, decode and prepare an upload; raises ``PortraitError`` on bad input."""
+    async def add_upload(self, data: bytes, name: str | None, *, owner: str | None = None,
+                         public: bool = False) -> Avatar:
+        """Validate, decode and prepare an upload; raises ``PortraitError`` on bad input.
+        With ``owner`` (an API key's id) it is that key's alone unless ``public``; the
+        same photo uploaded by another key is theirs too."""
         avatar_id = hashlib.sha256(data).hexdigest()[:16]
-        if avatar_id in self._avatars:
-            return self._avatars[avatar_id]
-        source = await asyncio.to_thread(self._decode, data)
-        return await self._add(avatar_id, name or avatar_id, source)
+        avatar = self._avatars.get(avatar_id)
+        if avatar is None:
+            source = await asyncio.to_thread(self._decode, data)
+            avatar = await self._add(avatar_id, name or avatar_id, source)
+            avatar.public = owner is None or public
+        else:
+            avatar.public = avatar.public or public
+        if owner is not None:
+            avatar.owners.add(owner)
+        return avatar
+
+    def remove(self, avatar_id: str, caller: str | None) -> None:
+        """Forget an upload (``caller`` must be one of its uploaders, with keys on); raises
+        ``UnknownAvatar``, ``PermissionError`` for a shipped one, ``AvatarInUse``."""
+        avatar = self.get(avatar_id, caller)
+        if avatar.shipped:
+            raise PermissionError(f"{avatar_id} ships with the server")
+        if caller is not None and caller not in avatar.owners:
+            raise UnknownAvatar(avatar_id)
+        if any(a == avatar_id for a, _ in self._slots):
+            raise AvatarInUse(avatar_id)
+        del self._avatars[avatar_id]
 
     def _decode(self, data: bytes) -> PortraitSource:
         s = self._settings
@@ -104,14 +140,14 @@ class AvatarStore:
                 return
             del self._avatars[min(idle, key=lambda a: a.created).avatar_id]
 
-    def get(self, avatar_id: str) -> Avatar:
-        try:
-            return self._avatars[avatar_id]
-        except KeyError:
-            raise UnknownAvatar(avatar_id) from None
+    def get(self, avatar_id: str, caller: str | None = None) -> Avatar:
+        avatar = self._avatars.get(avatar_id)
+        if avatar is None or not avatar.visible_to(caller):
+            raise UnknownAvatar(avatar_id)
+        return avatar
 
-    def list(self) -> list[dict[str, Any]]:
-        return [a.describe() for a in self._avatars.values()]
+    def list(self, caller: str | None = None) -> list[dict[str, Any]]:
+        return [a.describe() for a in self._avatars.values() if a.visible_to(caller)]
 
     async def acquire(self, avatar_id: str, size: int) -> AvatarHandle:
         avatar = self.get(avatar_id)

@@ -263,6 +263,9 @@ class FrontDoor:
                 log.warning("worker %d: replaying an avatar upload failed: %s",
                             worker.index, exc)
 
+    def forget_upload(self, avatar_id: str) -> None:
+        self._uploads.pop(avatar_id, None)
+
     def remember_upload(self, avatar_id: str, upload: dict[str, Any]) -> None:
         """Kept so a replacement worker knows the avatars its predecessor knew."""
         self._uploads[avatar_id] = upload
@@ -563,6 +566,19 @@ async def upload_avatar(request: web.Request) -> web.Response:
     _, status, answer, headers = max(answers, key=lambda a: a[1])  # the worst answer
     if status == 201:
         door.remember_upload(json.loads(answer)["avatar_id"], upload)
+    return _relay(status, answer, headers)
+
+
+@routes.delete("/avatars/{avatar_id}")
+async def delete_avatar(request: web.Request) -> web.Response:
+    """Every worker forgets it, and a replaced worker is not taught it again."""
+    door = _door(request)
+    answers = await door.ask_all("DELETE", request.rel_url.path, **await _outgoing(request))
+    if not answers:
+        fail(502, "worker_unavailable", "no media worker answered")
+    _, status, answer, headers = max(answers, key=lambda a: a[1])  # the worst answer
+    if status == 204:
+        door.forget_upload(request.match_info["avatar_id"])
     return _relay(status, answer, headers)
 
 

@@ -21,7 +21,7 @@ from aiortc import RTCPeerConnection
 from inference.engine import KNOBS
 from inference.images import PortraitError
 from inference.runtimes import VERIFIED
-from server.avatars import DEFAULT_AVATAR, UnknownAvatar
+from server.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
 from server.config import HttpSettings, Settings
 from server.errors import ApiError, fail
 from server.events import server_sent
@@ -250,6 +250,7 @@ async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, boo
                    owner: str | None, *, hosted: bool = False) -> Session:
     avatar_id, size, options, motion_only = spec
     try:
+        state.avatars.get(avatar_id, owner)  # another key's private portrait is not there
         return await state.sessions.create(avatar_id, size, options, motion_only=motion_only,
                                            hosted=hosted, owner=owner)
     except UnknownAvatar:
@@ -565,8 +566,8 @@ async def delete_session(request: web.Request) -> web.Response:
 
 @routes.get("/avatars")
 async def list_avatars(request: web.Request) -> web.Response:
-    return web.json_response({"avatars": _state(request).avatars.list(),
-                              "default": DEFAULT_AVATAR})
+    return web.json_response({"avatars": _state(request).avatars.list(
+        request.app[access_key].viewer(request)), "default": DEFAULT_AVATAR})
 
 
 async def _read_part(part: BodyPartReader, limit: int) -> bytes:
@@ -599,10 +600,13 @@ async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
 
 @routes.post("/avatars")
 async def upload_avatar(request: web.Request) -> web.Response:
-    _caller(request)
+    """With API keys on, the portrait is the uploading key's alone unless ``?public=true``."""
+    owner = _caller(request)
     data, name = await read_body(request, _upload_bytes(request))
+    public = request.query.get("public", "").lower() in ("1", "true", "yes")
     try:
-        avatar = await _state(request).avatars.add_upload(data, name)
+        avatar = await _state(request).avatars.add_upload(data, name, owner=owner,
+                                                          public=public)
     except PortraitError as exc:
         status = {"image_too_large": 413, "no_face": 422}.get(exc.code, 400)
         fail(status, exc.code, str(exc))
@@ -613,9 +617,25 @@ async def upload_avatar(request: web.Request) -> web.Response:
 async def get_avatar(request: web.Request) -> web.Response:
     try:
         return web.json_response(_state(request).avatars.get(
-            request.match_info["avatar_id"]).describe())
+            request.match_info["avatar_id"], request.app[access_key].viewer(request)
+        ).describe())
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {request.match_info['avatar_id']!r}")
+
+
+@routes.delete("/avatars/{avatar_id}")
+async def delete_avatar(request: web.Request) -> web.Response:
+    """An uploaded portrait forgotten (with API keys on, by a key that uploaded it)."""
+    avatar_id = request.match_info["avatar_id"]
+    try:
+        _state(request).avatars.remove(avatar_id, _caller(request))
+    except UnknownAvatar:
+        fail(404, "unknown_avatar", f"no avatar {avatar_id!r}")
+    except PermissionError:
+        fail(403, "shipped_avatar", f"{avatar_id} ships with the server and stays")
+    except AvatarInUse:
+        fail(409, "avatar_in_use", f"{avatar_id} is in use by a live session; end it first")
+    return web.Response(status=204)
 
 
 @routes.get("/avatars/{avatar_id}/image")
@@ -623,7 +643,8 @@ async def avatar_image(request: web.Request) -> web.Response:
     """The portrait as the engine sees it (cropped around the face), as PNG."""
     state = _state(request)
     try:
-        avatar = state.avatars.get(request.match_info["avatar_id"])
+        avatar = state.avatars.get(request.match_info["avatar_id"],
+                                   request.app[access_key].viewer(request))
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {request.match_info['avatar_id']!r}")
     portrait = next(iter(avatar.prepared.values()))

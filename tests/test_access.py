@@ -76,3 +76,35 @@ async def test_each_key_sees_and_drives_only_its_own_sessions(keyed):
         assert received.video_fps() >= 20
         async with http.delete(mine, headers=_as("key-one")) as response:
             assert response.status == 204
+
+
+async def test_an_uploaded_face_is_private_to_its_key_and_deletable(keyed):
+    from test_front_door import _portrait_png
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{keyed.url}/avatars", data=_portrait_png(),
+                             headers={"Content-Type": "image/png", **_as("key-one")}) as r:
+            uploaded = await r.json()
+            assert r.status == 201 and uploaded["public"] is False, uploaded
+        face = uploaded["avatar_id"]
+
+        async def listed(headers: dict[str, str]) -> list[str]:
+            async with http.get(f"{keyed.url}/avatars", headers=headers) as response:
+                return [a["avatar_id"] for a in (await response.json())["avatars"]]
+
+        assert face in await listed(_as("key-one"))
+        assert await listed(_as("key-two")) == await listed({}) == ["astronaut"]
+        for path in (f"/avatars/{face}", f"/avatars/{face}/image"):
+            async with http.get(keyed.url + path, headers=_as("key-two")) as response:
+                assert response.status == 404
+        async with http.post(f"{keyed.url}/sessions", json={"avatar": face},
+                             headers=_as("key-two")) as response:
+            assert (response.status, (await response.json())["error"]) == \
+                (404, "unknown_avatar")
+        async with http.delete(f"{keyed.url}/avatars/{face}", headers=_as("key-two")) as r:
+            assert r.status == 404
+        async with http.delete(f"{keyed.url}/avatars/astronaut", headers=_as("key-one")) as r:
+            assert (r.status, (await r.json())["error"]) == (403, "shipped_avatar")
+        async with http.delete(f"{keyed.url}/avatars/{face}", headers=_as("key-one")) as r:
+            assert r.status == 204
+        assert face not in await listed(_as("key-one"))
