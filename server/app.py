@@ -23,7 +23,7 @@ from server.load import LoopLoad
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
 from server.sessions import SessionManager
-from server.signalling import allowed_hosts, host_check, json_errors, routes
+from server.signalling import allowed_hosts, cors, host_check, json_errors, routes
 from server.state import ServerState, access_key, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
     engine runs on, where the front door resolved it; ``id_prefix`` starts its session
     ids."""
     app = web.Application(client_max_size=settings.http.max_body_bytes,
-                          middlewares=[json_errors,
+                          middlewares=[cors(settings.http.cors_origins), json_errors,
                                        host_check(allowed_hosts(settings.http))])
     app.add_routes(routes)
     app.router.add_static("/static/", STATIC_DIR)

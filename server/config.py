@@ -74,6 +74,9 @@ class HttpSettings:
                                   "upload; each caller sees only its own sessions. Also "
                                   "read from SONIC_API_KEYS (comma-separated). Empty: open, "
                                   "as suits loopback", secret=True)
+    cors_origins: list[str] = setting([], "web origins (https://app.example.com, or *) "
+                                      "whose pages may call the API from the browser; "
+                                      "empty: none, so other sites' pages cannot")
     allowed_hosts: list[str] = setting([], "Host names requests may carry (without port); "
                                        "empty: only 127.0.0.1, localhost and ::1 when "
                                        "listening on loopback (against DNS rebinding), any "

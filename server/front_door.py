@@ -40,6 +40,7 @@ from server.signalling import (
     allowed_hosts,
     at_capacity,
     config_body,
+    cors,
     fail,
     host_check,
     json_errors,
@@ -584,7 +585,7 @@ async def delete_avatar(request: web.Request) -> web.Response:
 
 def create_front_door(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.http.max_body_bytes,
-                          middlewares=[json_errors,
+                          middlewares=[cors(settings.http.cors_origins), json_errors,
                                        host_check(allowed_hosts(settings.http))])
     app.add_routes(routes)
     app.router.add_static("/static/", STATIC_DIR)

@@ -77,6 +77,35 @@ def host_check(allowed: frozenset[str] | None) -> Any:
     return check
 
 
+def cors(origins: list[str]) -> Any:
+    """Pages of ``origins`` may call the API from a browser: preflights are answered and
+    answers carry the CORS headers. Others get no CORS headers, so their pages cannot read
+    an answer, and cannot send JSON at all."""
+    allowed = frozenset(origins)
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if origin is None or not ({origin, "*"} & allowed):
+            return await handler(request)
+        headers = {"Access-Control-Allow-Origin": "*" if "*" in allowed else origin,
+                   "Vary": "Origin"}
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return web.Response(status=204, headers={
+                **headers, "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Max-Age": "600"})
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers.update(headers)
+            raise
+        response.headers.update(headers)
+        return response
+
+    return check
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Turn aiohttp's own errors (404, 405, 413) into the JSON error shape too."""

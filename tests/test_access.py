@@ -108,3 +108,32 @@ async def test_an_uploaded_face_is_private_to_its_key_and_deletable(keyed):
         async with http.delete(f"{keyed.url}/avatars/{face}", headers=_as("key-one")) as r:
             assert r.status == 204
         assert face not in await listed(_as("key-one"))
+
+
+async def test_only_configured_origins_get_cors_answers():
+    with ServerProcess("--set", "http.cors_origins=https://app.example.com") as server:
+        async with aiohttp.ClientSession() as http:
+            preflight = {"Origin": "https://app.example.com",
+                         "Access-Control-Request-Method": "POST",
+                         "Access-Control-Request-Headers": "content-type, authorization"}
+            async with http.options(f"{server.url}/sessions", headers=preflight) as response:
+                assert response.status == 204
+                assert response.headers["Access-Control-Allow-Origin"] == \
+                    "https://app.example.com"
+                assert "Authorization" in response.headers["Access-Control-Allow-Headers"]
+            async with http.get(f"{server.url}/sessions",
+                                headers={"Origin": "https://app.example.com"}) as response:
+                assert response.headers["Access-Control-Allow-Origin"] == \
+                    "https://app.example.com"
+            async with http.get(f"{server.url}/sessions/nope",
+                                headers={"Origin": "https://app.example.com"}) as response:
+                assert response.status == 404  # errors carry it too, so pages can read why
+                assert "Access-Control-Allow-Origin" in response.headers
+            for origin in ("https://evil.example", None):
+                headers = {"Origin": origin} if origin else {}
+                async with http.get(f"{server.url}/sessions", headers=headers) as response:
+                    assert "Access-Control-Allow-Origin" not in response.headers
+                asking = {k: v for k, v in preflight.items() if k != "Origin"}
+                async with http.options(f"{server.url}/sessions",
+                                        headers={**asking, **headers}) as response:
+                    assert "Access-Control-Allow-Origin" not in response.headers
