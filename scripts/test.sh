@@ -22,7 +22,7 @@ python3 -m pip install -q -e '.[test]'
 if ! python3 -m pip install -q 'torch==2.13.0'; then
   echo "PyTorch 2.13.0 is not installable here: the model's own tests will skip"
 fi
-python3 -m ruff check server inference tests benchmarks
+python3 -m ruff check server inference tests benchmarks examples
 mkdir -p out
 # -rs: every skip prints its reason.
 python3 -m pytest -q -rs -p no:cacheprovider "$@"

@@ -276,6 +276,71 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     return received
 
 
+class SessionClient:
+    """An application's handle on a session it drives (``POST /sessions``): speak into it,
+    as a whole WAV or as PCM chunks while a TTS makes them, interrupt it, follow its
+    events, end it. Use as ``async with SessionClient(url) as avatar: ...``."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None,
+                 avatar: str | None = None, size: int | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._create = {k: v for k, v in (("avatar", avatar), ("size", size)) if v}
+        self._http: aiohttp.ClientSession | None = None
+        self.session_id = self.token = ""
+
+    async def __aenter__(self) -> SessionClient:
+        self._http = aiohttp.ClientSession(headers=self._headers)
+        answer = await self._call("POST", "/sessions", 201, json=self._create)
+        self.session_id, self.token = answer["session_id"], answer["token"]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._http is not None
+        async with self._http.delete(self.base_url + self._path()):
+            pass
+        await self._http.close()
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/sessions/{self.session_id}{suffix}"
+
+    async def _call(self, method: str, path: str, status: int, **kwargs: Any) -> Any:
+        assert self._http is not None, "use SessionClient in async with"
+        async with self._http.request(method, self.base_url + path, **kwargs) as response:
+            answer = await response.json()
+            if response.status != status:
+                raise RuntimeError(f"{method} {path}: {response.status} {answer}")
+            return answer
+
+    async def speak_wav(self, wav: bytes) -> dict[str, Any]:
+        """Queue a WAV; answered once it has all arrived (it plays at real time)."""
+        return await self._call("POST", self._path("/speech"), 200, data=wav,
+                                headers={"Content-Type": "audio/wav"})
+
+    async def speak(self, chunks: Any, rate: int) -> dict[str, Any]:
+        """Stream int16 mono chunks at ``rate`` Hz (an async iterable, e.g. a TTS as it
+        synthesises) as one utterance; the server reads them no faster than it plays."""
+        async def body() -> Any:
+            async for chunk in chunks:
+                yield np.asarray(chunk, np.int16).astype(">i2").tobytes()
+
+        return await self._call("POST", self._path("/speech"), 200, data=body(),
+                                headers={"Content-Type": f"audio/L16;rate={rate};channels=1"})
+
+    async def interrupt(self) -> dict[str, Any]:
+        """Barge-in: which utterances were cut, and how much of each was heard."""
+        return await self._call("POST", self._path("/interrupt"), 200)
+
+    async def events(self) -> Any:
+        """The session's events (dicts) until it ends."""
+        assert self._http is not None
+        async with self._http.get(self.base_url + self._path("/events"),
+                                  timeout=aiohttp.ClientTimeout(total=None)) as response:
+            async for line in response.content:
+                if line.startswith(b"data: "):
+                    yield json.loads(line[6:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")

@@ -106,8 +106,9 @@ class Session:
         self._utterances = 0
         self._chunk_sources: dict[int, list[tuple[str, int]]] = {}  # chunk -> utterance samples
         self._played: dict[str, int] = {}  # utterance -> samples the timeline took
-        self._sent_samples: dict[str, int] = {}  # utterance -> samples sent to viewers
+        self._last_chunk: dict[str, int] = {}  # utterance -> the last chunk it is in
         self._totals: dict[str, int] = {}  # utterance -> samples in all, once it has arrived
+        self._timers: dict[str, list[asyncio.TimerHandle]] = {}  # its events still to come
         self.events = EventStream()
         self._next_chunk = 0
         self.close_reason: str | None = None
@@ -187,8 +188,9 @@ class Session:
         them, and frames that would show them are made again from silence, so the mouth
         closes as the sound stops. Says which utterances were cut and how much of each
         was sent (so an agent can cut its transcript to what was heard)."""
-        # The first chunk no viewer was sent (no further back than the chunks kept).
-        cut = max(max(self._audio_sent, default=-1) + 1, self._next_chunk - KEEP_CHUNKS)
+        # The first chunk whose time to be sent has not come (the tracks send on the clock).
+        now = asyncio.get_running_loop().time()
+        cut = max(self.clock.chunk_index_at(now), self._next_chunk - KEEP_CHUNKS)
         queued = self.speech.clear()
         unsent: dict[str, int] = {}
         for k in range(cut, self._next_chunk):
@@ -205,7 +207,9 @@ class Session:
             samples = self._played.get(utterance, 0) - unsent.get(utterance, 0)
             heard.append({"utterance_id": utterance, "heard_samples": samples,
                           "heard_s": round(samples / AUDIO_RATE, 3)})
-        for entry in heard:
+        for entry in heard:  # never "ended"; "started" only if its sound left before the cut
+            for timer in self._timers.pop(entry["utterance_id"], ()):
+                timer.cancel()
             self._forget_utterance(entry["utterance_id"])
         result = {"session_id": self.id, "interrupted": heard,
                   "at_s": round(cut * self.clock.chunk_seconds, 3), "frame": first_frame}
@@ -215,28 +219,49 @@ class Session:
     def utterance_complete(self, utterance: str, samples: int) -> None:
         """All of ``utterance`` has arrived: ``samples`` at 48 kHz. Its end is announced
         when the last of them leaves."""
-        self._totals[utterance] = samples
-        loop = asyncio.get_running_loop()
-        self._end_if_sent(utterance, max(self._audio_sent, default=0), loop.time())
+        if samples:
+            self._totals[utterance] = samples
+            self._end_when_played(utterance)
 
-    def _end_if_sent(self, utterance: str, k: int, sent_at: float) -> None:
+    def _on_timeline(self, k: int, sources: list[tuple[str, int]]) -> None:
+        """Chunk ``k`` holds these utterances' samples: announce each one's start, and its
+        end, at the time the chunk's sound is sent."""
+        for utterance, n in sources:
+            if utterance not in self._played:
+                self._played[utterance] = 0
+                self._announce("utterance_started", utterance, k)
+            self._played[utterance] += n
+            self._last_chunk[utterance] = k
+            self._end_when_played(utterance)
+
+    def _end_when_played(self, utterance: str) -> None:
         total = self._totals.get(utterance)
-        if total is not None and self._sent_samples.get(utterance, -1) >= total:
-            self._publish_utterance("utterance_ended", utterance, k + 1, sent_at)
-            self._forget_utterance(utterance)
+        if total is not None and self._played.get(utterance, -1) >= total:
+            del self._totals[utterance]  # announced once; what was played stays until then
+            self._announce("utterance_ended", utterance, self._last_chunk[utterance] + 1)
 
     def _forget_utterance(self, utterance: str) -> None:
-        for table in (self._totals, self._sent_samples, self._played):
+        for table in (self._totals, self._played, self._last_chunk):
             table.pop(utterance, None)
 
-    def _publish_utterance(self, kind: str, utterance: str, k: int, sent_at: float) -> None:
-        """``kind`` of ``utterance`` at chunk ``k``'s media time and frame, and the wall
-        clock when its sound left (what RTCP sender reports map a viewer's audio to)."""
-        wall = time.time() - (asyncio.get_running_loop().time() - sent_at)
-        self.events.publish({"type": kind, "session_id": self.id, "utterance_id": utterance,
-                             "media_time_s": round(k * self.clock.chunk_seconds, 3),
-                             "frame": k // self.clock.chunks_per_frame,
-                             "wall_time": round(wall, 4)})
+    def _announce(self, kind: str, utterance: str, k: int) -> None:
+        """``kind`` of ``utterance`` when chunk ``k``'s sound is sent (its media time and
+        frame, and the wall clock then: what RTCP sender reports map viewers' audio to),
+        whether or not anyone is watching."""
+        loop = asyncio.get_running_loop()
+        at = self.clock.audio_send_time(k)
+
+        def publish() -> None:
+            if kind == "utterance_ended":
+                self._timers.pop(utterance, None)
+                self._forget_utterance(utterance)
+            self.events.publish({
+                "type": kind, "session_id": self.id, "utterance_id": utterance,
+                "media_time_s": round(k * self.clock.chunk_seconds, 3),
+                "frame": k // self.clock.chunks_per_frame,
+                "wall_time": round(time.time() - (loop.time() - at), 4)})
+
+        self._timers.setdefault(utterance, []).append(loop.call_at(at, publish))
 
     def next_utterance(self) -> str:
         """A name for the next pushed utterance, in the order they play."""
@@ -273,6 +298,9 @@ class Session:
             track.stop()
         self._outbound.clear()
         self.speech.clear()  # a producer waiting for room is let go
+        for timers in self._timers.values():
+            for timer in timers:
+                timer.cancel()
         self.events.close()
         for callback in self._on_close:
             result = callback(self)
@@ -341,8 +369,7 @@ class Session:
             if pushed is not None:
                 samples, sources = pushed
                 self._chunk_sources[k] = sources
-                for utterance, n in sources:
-                    self._played[utterance] = self._played.get(utterance, 0) + n
+                self._on_timeline(k, sources)
             self._chunk_sources.pop(k - KEEP_CHUNKS, None)
             arrival: float | None = asyncio.get_running_loop().time()
         else:
@@ -404,12 +431,6 @@ class Session:
         if k in self._audio_sent:
             return
         self._audio_sent[k] = sent_at
-        for utterance, n in self._chunk_sources.get(k, ()):
-            if utterance not in self._sent_samples:
-                self._sent_samples[utterance] = 0
-                self._publish_utterance("utterance_started", utterance, k, sent_at)
-            self._sent_samples[utterance] += n
-            self._end_if_sent(utterance, k, sent_at)
         for content_index, video_at in self._video_awaiting_audio.pop(k, ()):
             self._observe_av_offset(content_index, video_at, sent_at)
 

@@ -272,3 +272,25 @@ async def test_bad_speech_and_bad_viewers_are_refused_and_the_session_runs_on(se
             assert response.status == 204
         async with http.delete(f"{server.url}/sessions/{created['session_id']}") as response:
             assert response.status == 404
+
+
+async def test_the_example_agent_speaks_and_cuts_itself_off(server):
+    from examples.agent import SENTENCES, run
+
+    try:
+        espeak("test", rate=16000)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    events = await run(server.url, wait_s=0.5, cut_after_s=1.0)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("utterance_started") == len(SENTENCES)
+    assert kinds.count("utterance_ended") == len(SENTENCES) - 1
+    (cut,) = [e for e in events if e["type"] == "interrupted"]
+    (heard,) = cut["interrupted"]
+    assert heard["utterance_id"].endswith(f"-u{len(SENTENCES)}")
+    assert 0.8 < heard["heard_s"] < 1.5  # cut 1 s after its sound started
+    # Each sentence ended when its sound did, and the next began as it did.
+    at = {(e["type"], e["utterance_id"][-2:]): e["media_time_s"] for e in events
+          if e["type"] != "interrupted"}
+    for n in range(1, len(SENTENCES)):
+        assert at["utterance_ended", f"u{n}"] <= at["utterance_started", f"u{n + 1}"] + 0.025
