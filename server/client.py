@@ -6,6 +6,7 @@ the server's wall clock: exactly what a browser uses to play lips and sound toge
 So ``sender_time`` tells when the server meant each frame and each audio chunk to play.
 
     python -m server.client http://127.0.0.1:8080 speech.wav --seconds 10
+    python -m server.client http://127.0.0.1:8080 --view SESSION TOKEN --seconds 10
 """
 
 from __future__ import annotations
@@ -344,7 +345,10 @@ class SessionClient:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
-    parser.add_argument("wav")
+    parser.add_argument("wav", nargs="?", default="",
+                        help="the speech to send (not with --view)")
+    parser.add_argument("--view", nargs=2, metavar=("SESSION", "TOKEN"),
+                        help="send nothing: watch a session made by POST /sessions")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--avatar")
     parser.add_argument("--motion-only", action="store_true",
@@ -358,8 +362,11 @@ def main() -> None:
         hosts = ["127.0.0.1"]
     pin_host_addresses(hosts or [])
     options = {"motion_only": True} if args.motion_only else None
+    if not args.view and not args.wav:
+        parser.error("give a WAV to send, or --view SESSION TOKEN")
     received = asyncio.run(run_session(args.url, args.wav, seconds=args.seconds,
-                                       avatar=args.avatar, options=options, keep=False))
+                                       avatar=args.avatar, options=options, keep=False,
+                                       view=tuple(args.view) if args.view else None))
     print(json.dumps({"session_id": received.session_id,
                       "video_frames": len(received.video.pts),
                       "audio_frames": len(received.audio.pts),
