@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import time
-import wave
 
 import aiohttp
 import numpy as np
 
 from benchmarks.sessions import _get, started_server
-from inference.tts import espeak
+from inference.tts import espeak, wav_bytes
 from server.client import run_session
 from server.peer import pin_host_addresses
 
@@ -80,15 +78,9 @@ async def trial(url: str, wav: bytes, cut_after: float) -> tuple[float, float]:
 
 
 async def run(url: str, trials: int) -> None:
-    speech = espeak(SENTENCE, rate=16000)
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(speech.astype("<i2").tobytes())
+    speech = wav_bytes(espeak(SENTENCE, rate=16000), 16000)
     rng = np.random.default_rng(0)
-    results = [await trial(url, out.getvalue(), float(rng.uniform(2.0, 3.0)))
+    results = [await trial(url, speech, float(rng.uniform(2.0, 3.0)))
                for _ in range(trials)]
     silence, closed = (np.array(r) * 1000 for r in zip(*results, strict=True))
     for name, ms in (("audio silent", silence), ("mouth closed", closed)):

@@ -17,6 +17,7 @@ fails raises :class:`SpeechFailed` carrying the tool's own error output.
 from __future__ import annotations
 
 import ctypes
+import io
 import re
 import shutil
 import subprocess
@@ -309,13 +310,24 @@ def silence(seconds: float, rate: int = SAMPLE_RATE) -> np.ndarray:
     return np.zeros(int(seconds * rate), np.int16)
 
 
-def write_wav(path: str | Path, pcm: np.ndarray, rate: int = SAMPLE_RATE) -> Path:
-    with wave.open(str(path), "wb") as w:
+def _write_wav(target: str | io.BytesIO, pcm: np.ndarray, rate: int) -> None:
+    with wave.open(target, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(pcm.astype(np.int16).tobytes())
+
+
+def write_wav(path: str | Path, pcm: np.ndarray, rate: int = SAMPLE_RATE) -> Path:
+    _write_wav(str(path), pcm, rate)
     return Path(path)
+
+
+def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+    """Mono 16-bit ``pcm`` as the bytes of a WAV file (to send over HTTP)."""
+    buffer = io.BytesIO()
+    _write_wav(buffer, pcm, rate)
+    return buffer.getvalue()
 
 
 def conversation(rate: int = SAMPLE_RATE) -> np.ndarray:

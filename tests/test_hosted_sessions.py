@@ -5,30 +5,22 @@ attach with the session's token; the avatar speaks that speech to them in sync."
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import struct
 import time
-import wave
 
 import aiohttp
 import numpy as np
 import pytest
 from test_webrtc_session import _audio_envelope_at, _frame_centres, _mouth_box, _mouth_signal
 
-from inference.tts import SpeechUnavailable, conversation, espeak
+from inference.tts import SpeechUnavailable, conversation, espeak, wav_bytes
 from server.client import run_session
 
 
 def _wav_stream(pcm: np.ndarray, rate: int) -> bytes:
     """A WAV as streaming TTS writes it: the sizes unknown (0xFFFFFFFF) when it starts."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.astype("<i2").tobytes())
-    data = bytearray(out.getvalue())
+    data = bytearray(wav_bytes(pcm, rate))
     data[4:8] = data[40:44] = struct.pack("<I", 0xFFFFFFFF)
     return bytes(data)
 
