@@ -32,8 +32,8 @@ class RealtimeVp8Encoder(vpx.Vp8Encoder):
         super().__init__()
         self.speed = speed
 
-    def encode(self, frame: av.VideoFrame, force_keyframe: bool = False
-               ) -> tuple[list[bytes], int]:
+    def compress(self, frame: av.VideoFrame, force_keyframe: bool = False) -> bytes:
+        """One frame as a VP8 frame (not yet in RTP payloads)."""
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
         codec = self.codec
@@ -45,7 +45,11 @@ class RealtimeVp8Encoder(vpx.Vp8Encoder):
             frame.pict_type = av.video.frame.PictureType.I
         if self.codec is None:
             self.codec = self._open(frame.width, frame.height)
-        data = b"".join(bytes(packet) for packet in self.codec.encode(frame))
+        return b"".join(bytes(packet) for packet in self.codec.encode(frame))
+
+    def encode(self, frame: av.VideoFrame, force_keyframe: bool = False
+               ) -> tuple[list[bytes], int]:
+        data = self.compress(frame, force_keyframe)
         payloads = self._packetize(data, self.picture_id)
         timestamp = vpx.convert_timebase(frame.pts, frame.time_base, vpx.VIDEO_TIME_BASE)
         self.picture_id = (self.picture_id + 1) % (1 << 15)

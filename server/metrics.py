@@ -23,6 +23,10 @@ class Metrics:
         self.sessions_closed = Counter("sonic_sessions_closed", "Sessions closed, by reason",
                                        ["reason"], registry=r)
         self.frames_sent = Counter("sonic_video_frames_sent", "Video frames sent", registry=r)
+        self.frames_encoded = Counter(
+            "sonic_video_frames_encoded",
+            "Video frames encoded: once per frame of a session, however many watch it",
+            registry=r)
         self.frames_repeated = Counter(
             "sonic_video_frames_repeated",
             "Video frames repeated because the next one was not ready on time", registry=r)

@@ -26,6 +26,7 @@ from aiortc.sdp import SessionDescription
 
 from server.config import IceSettings
 from server.session import Session
+from server.tracks import SharedVideoTrack
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +164,15 @@ def _hear_reports(sender: RTCRtpSender, session: Session) -> None:
     sender._handle_rtcp_packet = heard  # type: ignore[method-assign]
 
 
-def _prefer_codec(pc: RTCPeerConnection, codec: str) -> None:
+def _prefer_codec(pc: RTCPeerConnection, codec: str, *, only: bool = False) -> None:
+    """``codec`` first in the answer; with ``only``, no other (retransmissions aside)."""
     wanted = f"video/{codec.upper()}"
     capabilities = RTCRtpSender.getCapabilities("video").codecs
     preferred = [c for c in capabilities if c.mimeType.upper() == wanted.upper()]
     if not preferred:
         return
-    rest = [c for c in capabilities if c not in preferred]
+    rest = [c for c in capabilities if c not in preferred and
+            (not only or c.mimeType.lower() == "video/rtx")]
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "video":
             transceiver.setCodecPreferences(preferred + rest)
@@ -210,14 +213,18 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
                  session.id, dropped)
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        audio_out, video_out = session.viewer_tracks()
+        # VP8 is encoded once per session for every viewer, so VP8 alone is answered.
+        shared = codec.upper() == "VP8" and not session.motion_only
+        audio_out, video_out = session.viewer_tracks(shared=shared)
         tracks += [audio_out, video_out]
         senders = [pc.addTrack(audio_out)]
         if not session.motion_only:
             senders.append(pc.addTrack(video_out))
+            if isinstance(video_out, SharedVideoTrack):  # a lost picture: a key frame for all
+                senders[-1]._send_keyframe = video_out.request_keyframe  # type: ignore[method-assign]
         for sender in senders:
             _hear_reports(sender, session)
-        _prefer_codec(pc, codec)
+        _prefer_codec(pc, codec, only=shared)
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception:
         await pc.close()

@@ -35,7 +35,13 @@ from server.events import EventStream
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
 from server.speech import SpeechQueue
-from server.tracks import SessionAudioTrack, SessionVideoTrack, send_motion
+from server.tracks import (
+    SessionAudioTrack,
+    SessionVideoTrack,
+    SharedVideo,
+    SharedVideoTrack,
+    send_motion,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +93,8 @@ class Session:
     def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
                  settings: SessionSettings, fps: int, manifest: Manifest,
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
-                 hosted: bool = False, owner: str | None = None) -> None:
+                 hosted: bool = False, owner: str | None = None,
+                 encoder_speed: int = 12) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
         self.owner = owner  # the API key that made it (``server.access``), if keys are on
@@ -138,6 +145,8 @@ class Session:
         self._coefficients: np.ndarray | None = None
         self._coefficient_channels: list[RTCDataChannel] = []
         self._outbound: list[MediaStreamTrack] = []
+        self._video: SharedVideo | None = None
+        self._encoder_speed = encoder_speed
         self._coefficients_sent = -1
         self._motion_started = False
         self._connected_at: float | None = None
@@ -176,9 +185,17 @@ class Session:
             self._motion_started = True
             self._spawn(send_motion(self))
 
-    def viewer_tracks(self) -> tuple[SessionAudioTrack, SessionVideoTrack]:
-        """A fresh pair of outbound tracks for one viewer, stopped when the session ends."""
-        tracks = SessionAudioTrack(self), SessionVideoTrack(self)
+    def viewer_tracks(self, shared: bool = True
+                      ) -> tuple[SessionAudioTrack, SharedVideoTrack | SessionVideoTrack]:
+        """A fresh pair of outbound tracks for one viewer, stopped when the session ends.
+        With ``shared`` (a VP8 viewer) its video is the session's one encoding; else it is
+        encoded for this viewer alone."""
+        if shared and self._video is None:
+            self._video = SharedVideo(self, self._encoder_speed,
+                                      self._metrics.frames_encoded.inc)
+        video = SharedVideoTrack(self._video) if self._video is not None and shared \
+            else SessionVideoTrack(self)
+        tracks = SessionAudioTrack(self), video
         self._outbound.extend(tracks)
         return tracks
 
@@ -297,6 +314,8 @@ class Session:
         for track in self._outbound:
             track.stop()
         self._outbound.clear()
+        if self._video is not None:
+            self._video.close()
         self.speech.clear()  # a producer waiting for room is let go
         for timers in self._timers.values():
             for timer in timers:

@@ -115,7 +115,7 @@ class SessionManager:
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, inference=self.inference,
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
-                          owner=owner)
+                          owner=owner, encoder_speed=self.settings.video.encoder_speed)
         self._sessions[session.id] = session
         self._peers[session.id] = []
         session.on_close(self._forget)

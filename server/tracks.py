@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import av
@@ -16,8 +18,10 @@ import cv2
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.encoding import SpeechOpusEncoder
+from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder
 from server.media_clock import AUDIO_RATE, VIDEO_RATE, MediaClock
+
+log = logging.getLogger(__name__)
 
 
 class VideoSource(Protocol):
@@ -117,6 +121,124 @@ class SessionVideoTrack(MediaStreamTrack):
         out.time_base = self._time_base
         self._source.report_video(index, self._last_index, asyncio.get_running_loop().time())
         return out
+
+
+def _yuv(frame: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
+
+
+#: Encoded frames a viewer may fall behind by before it is made to start again at a key
+#: frame (its decoder could not use a later frame without the ones it missed).
+VIEWER_BACKLOG = 25
+
+
+class SharedVideo:
+    """A session's video encoded once for all its viewers (VP8): a task paces the frames
+    on the session clock, encodes each once and hands the same packet to every viewer's
+    queue, where aiortc only packetises it. A viewer starts at a key frame (one is made
+    when it joins, and when any viewer reports a lost picture); a viewer too far behind
+    starts again at the next. Before, every viewer had an encoder of its own."""
+
+    def __init__(self, source: VideoSource, speed: int,
+                 on_encoded: Callable[[], None] = lambda: None) -> None:
+        self._source = source
+        self._encoder = RealtimeVp8Encoder(speed)
+        self._on_encoded = on_encoded
+        self._queues: dict[asyncio.Queue[av.Packet | None], bool] = {}  # -> has a key frame
+        self._keyframe = False
+        self._task: asyncio.Task[None] | None = None
+
+    def attach(self) -> asyncio.Queue[av.Packet | None]:
+        queue: asyncio.Queue[av.Packet | None] = asyncio.Queue(VIEWER_BACKLOG + 1)
+        self._queues[queue] = False
+        self._keyframe = True
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return queue
+
+    def detach(self, queue: asyncio.Queue[av.Packet | None]) -> None:
+        self._queues.pop(queue, None)
+
+    def request_keyframe(self) -> None:
+        self._keyframe = True
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for queue in self._queues:
+            queue.put_nowait(None)
+        self._queues.clear()
+
+    async def _run(self) -> None:
+        try:
+            await self._encode_frames()
+        except Exception:
+            log.exception("the session's video encoder failed; its viewers' video ends")
+            self.close()
+
+    async def _encode_frames(self) -> None:
+        pacer = FramePacer(self._source)
+        loop = asyncio.get_running_loop()
+        last: np.ndarray | None = None
+        last_index = -1
+        time_base = fractions.Fraction(1, VIDEO_RATE)
+        while not self._source.is_closed:
+            index, frame = await pacer.next()
+            if frame is not None:
+                last, last_index = _yuv(frame), index
+            elif last is None:
+                last = _yuv(self._source.idle_frame())
+            self._source.report_video(index, last_index, loop.time())
+            if not self._queues:
+                continue
+            pts = self._source.clock.video_pts(index)
+            out = av.VideoFrame.from_ndarray(last, format="yuv420p")
+            out.pts, out.time_base = pts, time_base
+            key, self._keyframe = self._keyframe, False
+            data = await loop.run_in_executor(None, self._encoder.compress, out, key)
+            self._on_encoded()
+            packet = av.Packet(data)
+            packet.pts, packet.time_base = pts, time_base  # (encoding rescaled the frame's)
+            is_key = bool(data) and not data[0] & 0x01  # VP8: bit 0 clear on a key frame
+            for queue, started in list(self._queues.items()):
+                if not started and not is_key:
+                    continue
+                if queue.qsize() >= VIEWER_BACKLOG:
+                    while not queue.empty():
+                        queue.get_nowait()
+                    self._queues[queue] = False
+                    self._keyframe = True
+                    continue
+                self._queues[queue] = True
+                queue.put_nowait(packet)
+
+
+class SharedVideoTrack(MediaStreamTrack):
+    """One viewer's video from its session's ``SharedVideo``: packets already encoded."""
+
+    kind = "video"
+
+    def __init__(self, video: SharedVideo) -> None:
+        super().__init__()
+        self._video = video
+        self._queue = video.attach()
+
+    def request_keyframe(self) -> None:
+        """For this viewer's sender, when its viewer reports a lost picture (PLI, FIR)."""
+        self._video.request_keyframe()
+
+    async def recv(self) -> av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        packet = await self._queue.get()
+        if packet is None:
+            self.stop()
+            raise MediaStreamError
+        return packet
+
+    def stop(self) -> None:
+        super().stop()
+        self._video.detach(self._queue)
 
 
 class SessionAudioTrack(MediaStreamTrack):

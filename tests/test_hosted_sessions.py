@@ -8,6 +8,7 @@ import asyncio
 import json
 import struct
 import time
+import urllib.request
 
 import aiohttp
 import numpy as np
@@ -286,3 +287,44 @@ async def test_the_example_agent_speaks_and_cuts_itself_off(server):
           if e["type"] != "interrupted"}
     for n in range(1, len(SENTENCES)):
         assert at["utterance_ended", f"u{n}"] <= at["utterance_started", f"u{n + 1}"] + 0.025
+
+
+def _encoded(url: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        return sum(sample.value for family in text_string_to_metric_families(
+            response.read().decode()) for sample in family.samples
+            if sample.name == "sonic_video_frames_encoded_total")
+
+
+async def test_two_viewers_get_one_encoding_and_a_late_one_starts_at_once(server):
+    async with aiohttp.ClientSession() as http:
+        created = await _create(http, server.url)
+        view = (created["session_id"], created["token"])
+        before = await asyncio.to_thread(_encoded, server.url)
+
+        async def late() -> tuple[float, object]:
+            await asyncio.sleep(1.5)
+            joined = time.monotonic()
+            return joined, await run_session(server.url, "", seconds=3.0, view=view)
+
+        first, (joined, second) = await asyncio.gather(
+            run_session(server.url, "", seconds=5.0, view=view), late())
+        encoded = await asyncio.to_thread(_encoded, server.url) - before
+        async with http.delete(f"{server.url}/sessions/{created['session_id']}"):
+            pass
+    # One encoding for both: about a frame per frame time, not one per viewer and frame.
+    assert len(first.video.data) >= 24 * 4.5
+    assert encoded <= 1.05 * len(first.video.data) + 10
+    # The late viewer's first frame came at once (a key frame was made for it) ...
+    assert second.video.arrivals[0] - joined < 0.5
+    # ... and both decoded the very same pictures at the same media times.
+    times_a = np.round(first.video.sender_times() * 25).astype(np.int64)
+    times_b = np.round(second.video.sender_times() * 25).astype(np.int64)
+    common = sorted(set(times_a.tolist()) & set(times_b.tolist()))
+    assert len(common) >= 50
+    for t in common[5:]:
+        a = first.video.data[int(np.flatnonzero(times_a == t)[0])]
+        b = second.video.data[int(np.flatnonzero(times_b == t)[0])]
+        assert np.array_equal(a, b)
