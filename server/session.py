@@ -34,7 +34,7 @@ from server.config import SessionSettings
 from server.events import EventStream
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
-from server.speech import SpeechQueue
+from server.speech import SpeechQueue, Utterances
 from server.tracks import (
     SessionAudioTrack,
     SessionVideoTrack,
@@ -110,12 +110,6 @@ class Session:
         self.manifest = manifest
         self.created = time.time()
         self.state = "ready" if hosted else "new"  # a hosted one's viewers come and go
-        self._utterances = 0
-        self._chunk_sources: dict[int, list[tuple[str, int]]] = {}  # chunk -> utterance samples
-        self._played: dict[str, int] = {}  # utterance -> samples the timeline took
-        self._last_chunk: dict[str, int] = {}  # utterance -> the last chunk it is in
-        self._totals: dict[str, int] = {}  # utterance -> samples in all, once it has arrived
-        self._timers: dict[str, list[asyncio.TimerHandle]] = {}  # its events still to come
         self.events = EventStream()
         self._next_chunk = 0
         self.close_reason: str | None = None
@@ -123,8 +117,9 @@ class Session:
                                 delay=settings.pipeline_delay_ms / 1000.0)
         self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
                                   settings.max_buffer_ms)
-        self.speech = SpeechQueue(self.clock.chunk_samples,
-                                  round(settings.speech_buffer_s * AUDIO_RATE))
+        self.speech = Utterances(session_id, self.clock, SpeechQueue(
+            self.clock.chunk_samples, round(settings.speech_buffer_s * AUDIO_RATE)),
+            self.events, KEEP_CHUNKS)
         self._last_active = loop.time()  # a hosted session: when it last had speech or viewers
         self._inference = inference
         self._metrics = metrics
@@ -208,82 +203,18 @@ class Session:
         # The first chunk whose time to be sent has not come (the tracks send on the clock).
         now = asyncio.get_running_loop().time()
         cut = max(self.clock.chunk_index_at(now), self._next_chunk - KEEP_CHUNKS)
-        queued = self.speech.clear()
-        unsent: dict[str, int] = {}
         for k in range(cut, self._next_chunk):
             self._chunks[k] = np.zeros(self.clock.chunk_samples, np.int16)
-            for utterance, n in self._chunk_sources.pop(k, ()):
-                unsent[utterance] = unsent.get(utterance, 0) + n
+        heard = self.speech.cut(cut, self._next_chunk)
         rate = self.manifest.features.sample_rate
         self._windows.silence_from(cut * self.clock.chunk_samples * rate // AUDIO_RATE)
         first_frame = -(-cut // self.clock.chunks_per_frame)
         for index in [i for i in self._frames if i >= first_frame]:
             self._submit(index, self._windows.silent_window())
-        heard = []
-        for utterance in dict.fromkeys([*unsent, *queued]):
-            samples = self._played.get(utterance, 0) - unsent.get(utterance, 0)
-            heard.append({"utterance_id": utterance, "heard_samples": samples,
-                          "heard_s": round(samples / AUDIO_RATE, 3)})
-        for entry in heard:  # never "ended"; "started" only if its sound left before the cut
-            for timer in self._timers.pop(entry["utterance_id"], ()):
-                timer.cancel()
-            self._forget_utterance(entry["utterance_id"])
         result = {"session_id": self.id, "interrupted": heard,
                   "at_s": round(cut * self.clock.chunk_seconds, 3), "frame": first_frame}
         self.events.publish({"type": "interrupted", **result})
         return result
-
-    def utterance_complete(self, utterance: str, samples: int) -> None:
-        """All of ``utterance`` has arrived: ``samples`` at 48 kHz. Its end is announced
-        when the last of them leaves."""
-        if samples:
-            self._totals[utterance] = samples
-            self._end_when_played(utterance)
-
-    def _on_timeline(self, k: int, sources: list[tuple[str, int]]) -> None:
-        """Chunk ``k`` holds these utterances' samples: announce each one's start, and its
-        end, at the time the chunk's sound is sent."""
-        for utterance, n in sources:
-            if utterance not in self._played:
-                self._played[utterance] = 0
-                self._announce("utterance_started", utterance, k)
-            self._played[utterance] += n
-            self._last_chunk[utterance] = k
-            self._end_when_played(utterance)
-
-    def _end_when_played(self, utterance: str) -> None:
-        total = self._totals.get(utterance)
-        if total is not None and self._played.get(utterance, -1) >= total:
-            del self._totals[utterance]  # announced once; what was played stays until then
-            self._announce("utterance_ended", utterance, self._last_chunk[utterance] + 1)
-
-    def _forget_utterance(self, utterance: str) -> None:
-        for table in (self._totals, self._played, self._last_chunk):
-            table.pop(utterance, None)
-
-    def _announce(self, kind: str, utterance: str, k: int) -> None:
-        """``kind`` of ``utterance`` when chunk ``k``'s sound is sent (its media time and
-        frame, and the wall clock then: what RTCP sender reports map viewers' audio to),
-        whether or not anyone is watching."""
-        loop = asyncio.get_running_loop()
-        at = self.clock.audio_send_time(k)
-
-        def publish() -> None:
-            if kind == "utterance_ended":
-                self._timers.pop(utterance, None)
-                self._forget_utterance(utterance)
-            self.events.publish({
-                "type": kind, "session_id": self.id, "utterance_id": utterance,
-                "media_time_s": round(k * self.clock.chunk_seconds, 3),
-                "frame": k // self.clock.chunks_per_frame,
-                "wall_time": round(time.time() - (loop.time() - at), 4)})
-
-        self._timers.setdefault(utterance, []).append(loop.call_at(at, publish))
-
-    def next_utterance(self) -> str:
-        """A name for the next pushed utterance, in the order they play."""
-        self._utterances += 1
-        return f"{self.id}-u{self._utterances}"
 
     def set_state(self, state: str) -> None:
         if self.hosted:
@@ -316,10 +247,7 @@ class Session:
         self._outbound.clear()
         if self._video is not None:
             self._video.close()
-        self.speech.clear()  # a producer waiting for room is let go
-        for timers in self._timers.values():
-            for timer in timers:
-                timer.cancel()
+        self.speech.close()
         self.events.close()
         for callback in self._on_close:
             result = callback(self)
@@ -365,7 +293,7 @@ class Session:
         hosted session has no peer: it goes after ``unattended_timeout_s`` with no speech
         queued and no viewer."""
         if self.hosted:
-            if self.speech.queued or self._watched():
+            if self.speech.queue.queued or self._watched():
                 self._last_active = now
             elif now - self._last_active > self.settings.unattended_timeout_s:
                 return "idle: no speech and no viewer"
@@ -383,13 +311,9 @@ class Session:
     def _advance(self, k: int) -> None:
         self._next_chunk = k + 1
         if self.hosted:  # pushed speech plays as it is queued: no network clock to follow
-            pushed = self.speech.read()
-            samples = np.zeros(self.clock.chunk_samples, np.int16)
-            if pushed is not None:
-                samples, sources = pushed
-                self._chunk_sources[k] = sources
-                self._on_timeline(k, sources)
-            self._chunk_sources.pop(k - KEEP_CHUNKS, None)
+            pushed = self.speech.take(k)
+            samples = np.zeros(self.clock.chunk_samples, np.int16) if pushed is None \
+                else pushed
             arrival: float | None = asyncio.get_running_loop().time()
         else:
             samples, arrival = self.ingest.read()

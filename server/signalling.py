@@ -374,7 +374,7 @@ async def push_speech(request: web.Request) -> web.Response:
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
     limit, received, queued = state.settings.http.max_body_bytes, 0, 0
-    utterance, generation = session.next_utterance(), session.speech.generation
+    utterance, generation = session.speech.next_id(), session.speech.queue.generation
     try:
         while True:
             data = await asyncio.wait_for(request.content.readany(),
@@ -387,14 +387,14 @@ async def push_speech(request: web.Request) -> web.Response:
                      "send a long text as several utterances")
             samples = decoder.feed(data)
             queued += samples.size
-            if not await session.speech.put(samples, utterance, generation):
+            if not await session.speech.queue.put(samples, utterance, generation):
                 if session.is_closed:
                     fail(410, "session_ended", f"session {session.id} ended while its "
                          "speech was arriving")
                 return web.json_response({"utterance_id": utterance, "session_id": session.id,
                                           "interrupted": True})
         decoder.finish()
-        session.utterance_complete(utterance, queued)
+        session.speech.complete(utterance, queued)
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
     except TimeoutError:
@@ -453,7 +453,7 @@ class SpeechSocket:
                     await self._command(message.data)
         finally:
             if self.decoder is not None and not self.cut:  # gone mid-utterance: what
-                self.session.utterance_complete(self.utterance, self.queued)  # came plays
+                self.session.speech.complete(self.utterance, self.queued)  # came plays
             forward.cancel()
             self.session.events.unsubscribe(events)
 
@@ -478,8 +478,8 @@ class SpeechSocket:
                 self.decoder = SpeechDecoder(str(command.get("content_type", "")))
             except SpeechError as exc:
                 return await self._error(exc.code, str(exc))
-            self.utterance = self.session.next_utterance()
-            self.generation, self.queued, self.received = self.session.speech.generation, 0, 0
+            self.utterance = self.session.speech.next_id()
+            self.generation, self.queued, self.received = self.session.speech.queue.generation, 0, 0
             self.cut = False
             await self.ws.send_json({"type": "utterance_opened",
                                      "utterance_id": self.utterance})
@@ -492,7 +492,7 @@ class SpeechSocket:
                     decoder.finish()
                 except SpeechError as exc:
                     await self._error(exc.code, str(exc))
-                self.session.utterance_complete(self.utterance, self.queued)
+                self.session.speech.complete(self.utterance, self.queued)
             await self.ws.send_json({"type": "utterance_queued", "utterance_id": self.utterance,
                                      "interrupted": self.cut,
                                      "samples": decoder.samples_in,
@@ -520,7 +520,7 @@ class SpeechSocket:
             self.decoder = None
             return await self._error(exc.code, str(exc))
         self.queued += samples.size
-        if not await self.session.speech.put(samples, self.utterance, self.generation):
+        if not await self.session.speech.queue.put(samples, self.utterance, self.generation):
             self.cut = True  # interrupted: the rest of this utterance is not played
 
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections import deque
+from typing import Any
 
 import av
 import numpy as np
 
 from server.audio_ingest import Resampler
-from server.media_clock import AUDIO_RATE
+from server.events import EventStream
+from server.media_clock import AUDIO_RATE, MediaClock
 
 WAV_TYPES = frozenset({"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"})
 RATES = range(8000, 96001)
@@ -194,3 +197,107 @@ class SpeechQueue:
         self.generation += 1
         self._room.set()
         return cut
+
+
+class Utterances:
+    """Pushed speech on a session's timeline: which utterances each chunk holds, their
+    start and end announced (``events``) when the chunk's sound is due to leave on the
+    session ``clock``, and, at a barge-in, how much of each cut one was heard."""
+
+    def __init__(self, session_id: str, clock: MediaClock, queue: SpeechQueue,
+                 events: EventStream, keep_chunks: int) -> None:
+        self._session_id = session_id
+        self._clock = clock
+        self.queue = queue
+        self._events = events
+        self._keep = keep_chunks
+        self._count = 0
+        self._chunk_sources: dict[int, list[tuple[str, int]]] = {}  # chunk -> its samples
+        self._played: dict[str, int] = {}  # utterance -> samples the timeline took
+        self._last_chunk: dict[str, int] = {}  # utterance -> the last chunk it is in
+        self._totals: dict[str, int] = {}  # utterance -> samples in all, once all arrived
+        self._timers: dict[str, list[asyncio.TimerHandle]] = {}  # its events still to come
+
+    def next_id(self) -> str:
+        """A name for the next utterance, in the order they play."""
+        self._count += 1
+        return f"{self._session_id}-u{self._count}"
+
+    def take(self, k: int) -> np.ndarray | None:
+        """Chunk ``k`` of pushed speech for the timeline (None: nothing queued)."""
+        self._chunk_sources.pop(k - self._keep, None)
+        pushed = self.queue.read()
+        if pushed is None:
+            return None
+        samples, sources = pushed
+        self._chunk_sources[k] = sources
+        for utterance, n in sources:
+            if utterance not in self._played:
+                self._played[utterance] = 0
+                self._announce("utterance_started", utterance, k)
+            self._played[utterance] += n
+            self._last_chunk[utterance] = k
+            self._end_when_played(utterance)
+        return samples
+
+    def complete(self, utterance: str, samples: int) -> None:
+        """All of ``utterance`` has arrived: ``samples`` at 48 kHz. Its end is announced
+        when the last of them leaves."""
+        if samples:
+            self._totals[utterance] = samples
+            self._end_when_played(utterance)
+
+    def cut(self, first: int, end: int) -> list[dict[str, Any]]:
+        """Barge-in from chunk ``first`` (chunks up to ``end`` are on the timeline, unsent):
+        the queue emptied, and for each utterance cut, how much of it was heard. Cut ones
+        are never "ended"; "started" only if their sound left before the cut."""
+        queued = self.queue.clear()
+        unsent: dict[str, int] = {}
+        for k in range(first, end):
+            for utterance, n in self._chunk_sources.pop(k, ()):
+                unsent[utterance] = unsent.get(utterance, 0) + n
+        heard = []
+        for utterance in dict.fromkeys([*unsent, *queued]):
+            samples = self._played.get(utterance, 0) - unsent.get(utterance, 0)
+            heard.append({"utterance_id": utterance, "heard_samples": samples,
+                          "heard_s": round(samples / AUDIO_RATE, 3)})
+            for timer in self._timers.pop(utterance, ()):
+                timer.cancel()
+            self._forget(utterance)
+        return heard
+
+    def close(self) -> None:
+        self.queue.clear()  # a producer waiting for room is let go
+        for timers in self._timers.values():
+            for timer in timers:
+                timer.cancel()
+        self._timers.clear()
+
+    def _end_when_played(self, utterance: str) -> None:
+        total = self._totals.get(utterance)
+        if total is not None and self._played.get(utterance, -1) >= total:
+            del self._totals[utterance]  # announced once; what was played stays until then
+            self._announce("utterance_ended", utterance, self._last_chunk[utterance] + 1)
+
+    def _forget(self, utterance: str) -> None:
+        for table in (self._totals, self._played, self._last_chunk):
+            table.pop(utterance, None)
+
+    def _announce(self, kind: str, utterance: str, k: int) -> None:
+        """``kind`` of ``utterance`` when chunk ``k``'s sound is sent (its media time and
+        frame, and the wall clock then: what RTCP sender reports map viewers' audio to),
+        whether or not anyone is watching."""
+        loop = asyncio.get_running_loop()
+        at = self._clock.audio_send_time(k)
+
+        def publish() -> None:
+            if kind == "utterance_ended":
+                self._timers.pop(utterance, None)
+                self._forget(utterance)
+            self._events.publish({
+                "type": kind, "session_id": self._session_id, "utterance_id": utterance,
+                "media_time_s": round(k * self._clock.chunk_seconds, 3),
+                "frame": k // self._clock.chunks_per_frame,
+                "wall_time": round(time.time() - (loop.time() - at), 4)})
+
+        self._timers.setdefault(utterance, []).append(loop.call_at(at, publish))
