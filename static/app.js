@@ -169,8 +169,17 @@ function iceGatheringComplete(peer, timeoutMs = 5000) {
   });
 }
 
+// Viewer mode: /?session=ID&token=T watches a session an application drives (POST
+// /sessions): no microphone, nothing sent, and Stop leaves the session running.
+const watching = (() => {
+  const params = new URLSearchParams(location.search);
+  const session = params.get('session');
+  return session ? { session_id: session, token: params.get('token') || '' } : null;
+})();
+
 async function start() {
   clearError();
+  if (watching) return watch();
   if (!navigator.mediaDevices?.getUserMedia) {
     showError('The microphone is only available on a secure page: open it over HTTPS ' +
       'or on localhost.');
@@ -225,17 +234,49 @@ async function start() {
   }
 }
 
+async function watch() {
+  setRunning(true);
+  setState('starting', 'Joining the session…');
+  const peer = new RTCPeerConnection({ iceServers: [] });
+  pc = peer;
+  try {
+    const remote = new MediaStream();
+    peer.addEventListener('track', (event) => remote.addTrack(event.track));
+    peer.addEventListener('connectionstatechange', () => onConnectionState(peer));
+    peer.addTransceiver('audio', { direction: 'recvonly' });
+    peer.addTransceiver('video', { direction: 'recvonly' });
+    await peer.setLocalDescription(await peer.createOffer());
+    await iceGatheringComplete(peer);
+    const answer = await api('POST', 'offer', {
+      sdp: peer.localDescription.sdp, type: peer.localDescription.type, ...watching,
+    });
+    if (pc !== peer) return;
+    sessionId = answer.session_id;
+    await peer.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+    ui.video.muted = ui.mute.checked;
+    ui.video.srcObject = remote;
+    ui.video.play().catch((error) => showError(`The video could not play: ${error.message}`));
+    previous = null;
+    statsTimer = setInterval(() => { statsPoll = refreshStats().catch(showError); }, 1000);
+  } catch (error) {
+    if (pc !== peer) return;
+    showError(`Could not watch: ${error.message}`);
+    await stop({ keepError: true });
+  }
+}
+
 function onConnectionState(peer) {
   if (peer !== pc) return;
   const s = peer.connectionState;
-  setState(s, s === 'connected' ? 'Connected: speak!' : undefined);
+  setState(s, s === 'connected' ? (watching ? 'Watching the session' : 'Connected: speak!')
+    : undefined);
   if (s === 'failed') {
     showError('The connection failed (no network path to the server?).');
     stop({ keepError: true });
   }
 }
 
-async function stop({ keepError = false, hangUp = true } = {}) {
+async function stop({ keepError = false, hangUp = !watching } = {}) {
   if (!keepError) clearError();
   clearInterval(statsTimer);
   statsTimer = null;
@@ -363,9 +404,12 @@ ui.start.addEventListener('click', start);
 ui.stop.addEventListener('click', () => stop());
 ui.upload.addEventListener('change', uploadAvatar);
 ui.mute.addEventListener('change', () => { ui.video.muted = ui.mute.checked; });
-// Leaving the page ends the session at once rather than after the server's peer timeout.
+// Leaving the page ends the session at once rather than after the server's peer timeout
+// (a viewer's leaving ends only its own connection).
 window.addEventListener('pagehide', () => {
-  if (sessionId) fetch(`sessions/${sessionId}`, { method: 'DELETE', keepalive: true });
+  if (sessionId && !watching) {
+    fetch(`sessions/${sessionId}`, { method: 'DELETE', keepalive: true });
+  }
 });
 
 window.sonic = {

@@ -224,3 +224,42 @@ async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
             assert not problems, problems
         finally:
             await context.close()
+
+
+async def test_the_page_watches_a_session_an_application_drives(server, speech_wav, tmp_path):
+    """/?session=ID&token=T: no microphone, a receive-only viewer; Stop leaves it running."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/sessions", json={}) as response:
+            created = await response.json()
+        session_id = created["session_id"]
+        async with playwright_api.async_playwright() as pw:
+            context = await pw.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+                args=chromium_args(speech_wav), timeout=30_000)
+            try:
+                page = context.pages[0] if context.pages else await context.new_page()
+                await page.goto(f"{server.url}/?session={session_id}&token={created['token']}",
+                                wait_until="load")
+                await page.click("#start")
+                await page.wait_for_function("window.sonic.state === 'connected'",
+                                             timeout=15_000)
+                async with http.post(f"{server.url}/sessions/{session_id}/speech",
+                                     data=speech_wav.read_bytes(),
+                                     headers={"Content-Type": "audio/wav"}) as response:
+                    assert response.status == 200, await response.text()
+                await page.evaluate(COUNT_VIDEO_FRAMES)
+                await page.wait_for_function("window.presented > 0", timeout=10_000)
+                before = await page.evaluate(SAMPLE)
+                await asyncio.sleep(3.0)
+                after = await page.evaluate(SAMPLE)
+                assert after["frames"] - before["frames"] >= 60, (before, after)
+                await page.click("#stop")
+                await page.wait_for_function("window.sonic.state === 'stopped'")
+            finally:
+                await context.close()
+        async with http.get(f"{server.url}/sessions/{session_id}") as response:
+            assert response.status == 200  # the viewer left; the session did not end
+        async with http.delete(f"{server.url}/sessions/{session_id}") as response:
+            assert response.status == 204
