@@ -163,11 +163,13 @@ class SharedVideo:
         self._keyframe = True
 
     def close(self) -> None:
+        """Viewers' streams end, and the encoder goes now, not at a later collection."""
         if self._task is not None:
             self._task.cancel()
         for queue in self._queues:
             queue.put_nowait(None)
         self._queues.clear()
+        self._encoder.codec = None
 
     async def _run(self) -> None:
         try:
