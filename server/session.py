@@ -191,7 +191,7 @@ class Session:
         video = SharedVideoTrack(self._video) if self._video is not None and shared \
             else SessionVideoTrack(self)
         tracks = SessionAudioTrack(self), video
-        self._outbound.extend(tracks)
+        self._outbound = [t for t in self._outbound if t.readyState == "live"] + [*tracks]
         return tracks
 
     def interrupt(self) -> dict[str, Any]:
@@ -333,8 +333,8 @@ class Session:
 
     def _submit_ready_frames(self) -> None:
         for i, mel in self._windows.ready():
-            if not self._viewers_started:
-                continue  # nobody is watching yet: keep the timeline, skip the compute
+            if not self._viewers_started or (self.hosted and not self._watched()):
+                continue  # nobody is watching: keep the timeline, skip the compute
             self._submit(i, mel)
             self._frames.pop(i - KEEP_FRAMES, None)
 

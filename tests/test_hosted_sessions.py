@@ -81,7 +81,12 @@ async def test_an_application_speaks_through_a_session_that_a_viewer_watches(ser
             speak())
         assert spoken["duration_s"] == pytest.approx(speech.size / 16000, abs=0.01)
         async with http.get(f"{server.url}/sessions/{session_id}") as response:
-            assert (await response.json())["state"] == "ready"  # the viewer left; it stays
+            left = await response.json()
+            assert left["state"] == "ready"  # the viewer left; the session stays ...
+        await asyncio.sleep(1.0)
+        async with http.get(f"{server.url}/sessions/{session_id}") as response:
+            later = await response.json()  # ... and the engine renders nothing for it
+            assert later["stats"]["frames_submitted"] == left["stats"]["frames_submitted"]
         async with http.delete(f"{server.url}/sessions/{session_id}") as response:
             assert response.status == 204
         await asyncio.wait_for(following, 5)  # the stream ends with the session
