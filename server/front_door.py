@@ -300,6 +300,15 @@ def _door(request: web.Request) -> FrontDoor:
     return request.app[front_door_key]
 
 
+def _worst(answers: list[tuple[WorkerProcess, int, bytes, dict[str, str]]]
+           ) -> tuple[int, bytes, dict[str, str]]:
+    """Of the same request to every worker, the answer with the highest status: each must
+    have succeeded for the whole to have (an avatar is needed on every worker)."""
+    if not answers:
+        fail(502, "worker_unavailable", "no media worker answered")
+    return max(answers, key=lambda a: a[1])[1:]
+
+
 def _relay(status: int, body: bytes, headers: dict[str, str]) -> web.Response:
     kept = {k: v for k, v in headers.items()
             if k.lower() in ("content-type", "retry-after", "www-authenticate")}
@@ -561,10 +570,7 @@ async def upload_avatar(request: web.Request) -> web.Response:
     if not door.live_workers():
         at_capacity("no media worker is running (one is being replaced)")
     upload = await _outgoing(request)
-    answers = await door.ask_all("POST", "/avatars", **upload)
-    if not answers:
-        fail(502, "worker_unavailable", "no media worker answered the upload")
-    _, status, answer, headers = max(answers, key=lambda a: a[1])  # the worst answer
+    status, answer, headers = _worst(await door.ask_all("POST", "/avatars", **upload))
     if status == 201:
         door.remember_upload(json.loads(answer)["avatar_id"], upload)
     return _relay(status, answer, headers)
@@ -574,10 +580,8 @@ async def upload_avatar(request: web.Request) -> web.Response:
 async def delete_avatar(request: web.Request) -> web.Response:
     """Every worker forgets it, and a replaced worker is not taught it again."""
     door = _door(request)
-    answers = await door.ask_all("DELETE", request.rel_url.path, **await _outgoing(request))
-    if not answers:
-        fail(502, "worker_unavailable", "no media worker answered")
-    _, status, answer, headers = max(answers, key=lambda a: a[1])  # the worst answer
+    status, answer, headers = _worst(await door.ask_all("DELETE", request.rel_url.path,
+                                                       **await _outgoing(request)))
     if status == 204:
         door.forget_upload(request.match_info["avatar_id"])
     return _relay(status, answer, headers)

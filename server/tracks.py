@@ -92,39 +92,50 @@ async def send_motion(source: VideoSource) -> None:
         source.report_video(index, last, loop.time())
 
 
+VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_RATE)
+
+
+class PicturePacer:
+    """Each frame time on the session clock and the picture it shows: the newest rendered
+    frame, the last one again when the next is not ready in time, the idle portrait before
+    any. Pictures are YUV, converted once per new frame, so the encoder converts nothing;
+    each frame time is reported to the session as it leaves."""
+
+    def __init__(self, source: VideoSource) -> None:
+        self._source = source
+        self._pacer = FramePacer(source)
+        self._last: np.ndarray | None = None
+        self._last_index = -1
+
+    async def next(self) -> av.VideoFrame:
+        index, frame = await self._pacer.next()
+        if frame is not None:
+            self._last = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
+            self._last_index = index
+        elif self._last is None:
+            self._last = cv2.cvtColor(self._source.idle_frame(), cv2.COLOR_RGB2YUV_I420)
+        out = av.VideoFrame.from_ndarray(self._last, format="yuv420p")
+        out.pts, out.time_base = self._source.clock.video_pts(index), VIDEO_TIME_BASE
+        self._source.report_video(index, self._last_index, asyncio.get_running_loop().time())
+        return out
+
+
 class SessionVideoTrack(MediaStreamTrack):
-    """The avatar's video: frame ``i`` at ``clock.video_send_time(i)``; the last frame is
-    repeated when the next one is not ready in time."""
+    """The avatar's video for one viewer, encoded by its own sender (``SharedVideo``
+    encodes once for all viewers where the codec allows)."""
 
     kind = "video"
 
     def __init__(self, source: VideoSource) -> None:
         super().__init__()
         self._source = source
-        self._pacer = FramePacer(source)
-        self._last: np.ndarray | None = None
-        self._last_index = -1
-        self._time_base = fractions.Fraction(1, VIDEO_RATE)
+        self._pictures = PicturePacer(source)
 
     async def recv(self) -> av.VideoFrame:
         if self.readyState != "live" or self._source.is_closed:
             self.stop()
             raise MediaStreamError
-        index, frame = await self._pacer.next()
-        if frame is not None:
-            self._last, self._last_index = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420), index
-        elif self._last is None:
-            self._last = cv2.cvtColor(self._source.idle_frame(), cv2.COLOR_RGB2YUV_I420)
-        # YUV, converted once per new frame: the encoder then converts nothing.
-        out = av.VideoFrame.from_ndarray(self._last, format="yuv420p")
-        out.pts = self._source.clock.video_pts(index)
-        out.time_base = self._time_base
-        self._source.report_video(index, self._last_index, asyncio.get_running_loop().time())
-        return out
-
-
-def _yuv(frame: np.ndarray) -> np.ndarray:
-    return cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
+        return await self._pictures.next()
 
 
 #: Encoded frames a viewer may fall behind by before it is made to start again at a key
@@ -179,28 +190,18 @@ class SharedVideo:
             self.close()
 
     async def _encode_frames(self) -> None:
-        pacer = FramePacer(self._source)
+        pictures = PicturePacer(self._source)
         loop = asyncio.get_running_loop()
-        last: np.ndarray | None = None
-        last_index = -1
-        time_base = fractions.Fraction(1, VIDEO_RATE)
         while not self._source.is_closed:
-            index, frame = await pacer.next()
-            if frame is not None:
-                last, last_index = _yuv(frame), index
-            elif last is None:
-                last = _yuv(self._source.idle_frame())
-            self._source.report_video(index, last_index, loop.time())
+            picture = await pictures.next()
             if not self._queues:
                 continue
-            pts = self._source.clock.video_pts(index)
-            out = av.VideoFrame.from_ndarray(last, format="yuv420p")
-            out.pts, out.time_base = pts, time_base
+            pts = picture.pts  # (encoding rescales the frame's)
             key, self._keyframe = self._keyframe, False
-            data = await loop.run_in_executor(None, self._encoder.compress, out, key)
+            data = await loop.run_in_executor(None, self._encoder.compress, picture, key)
             self._on_encoded()
             packet = av.Packet(data)
-            packet.pts, packet.time_base = pts, time_base  # (encoding rescaled the frame's)
+            packet.pts, packet.time_base = pts, VIDEO_TIME_BASE
             is_key = bool(data) and not data[0] & 0x01  # VP8: bit 0 clear on a key frame
             for queue, started in list(self._queues.items()):
                 if not started and not is_key:

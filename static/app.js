@@ -179,30 +179,33 @@ const watching = (() => {
 
 async function start() {
   clearError();
-  if (watching) return watch();
-  if (!navigator.mediaDevices?.getUserMedia) {
+  if (!watching && !navigator.mediaDevices?.getUserMedia) {
     showError('The microphone is only available on a secure page: open it over HTTPS ' +
       'or on localhost.');
     return;
   }
   setRunning(true);
-  setState('starting', 'Asking for the microphone…');
+  setState('starting', watching ? 'Joining the session…' : 'Asking for the microphone…');
   const peer = new RTCPeerConnection({ iceServers: [] });
   pc = peer;
   try {
-    const stream = await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
-      video: false,
-    });
-    if (pc !== peer) { // stopped while the permission prompt was open
-      stream.getTracks().forEach((track) => track.stop());
-      return;
+    if (watching) {
+      peer.addTransceiver('audio', { direction: 'recvonly' });
+    } else {
+      const stream = await navigator.mediaDevices.getUserMedia({
+        audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+        video: false,
+      });
+      if (pc !== peer) { // stopped while the permission prompt was open
+        stream.getTracks().forEach((track) => track.stop());
+        return;
+      }
+      mic = stream;
+      for (const track of mic.getAudioTracks()) peer.addTrack(track, mic); // sendrecv audio
     }
-    mic = stream;
     const remote = new MediaStream();
     peer.addEventListener('track', (event) => remote.addTrack(event.track));
     peer.addEventListener('connectionstatechange', () => onConnectionState(peer));
-    for (const track of mic.getAudioTracks()) peer.addTrack(track, mic); // sendrecv audio
     peer.addTransceiver('video', { direction: 'recvonly' });
 
     setState('starting', 'Gathering network candidates…');
@@ -213,11 +216,10 @@ async function start() {
     const answer = await api('POST', 'offer', {
       sdp: peer.localDescription.sdp,
       type: peer.localDescription.type,
-      avatar: avatarId,
-      options: { ...knobs(), size: Number(ui.size.value) },
+      ...(watching ?? { avatar: avatarId, options: { ...knobs(), size: Number(ui.size.value) } }),
     });
     if (pc !== peer) { // stopped while waiting for the answer
-      await api('DELETE', `sessions/${answer.session_id}`).catch(() => {});
+      if (!watching) await api('DELETE', `sessions/${answer.session_id}`).catch(() => {});
       return;
     }
     sessionId = answer.session_id;
@@ -229,38 +231,7 @@ async function start() {
     statsTimer = setInterval(() => { statsPoll = refreshStats().catch(showError); }, 1000);
   } catch (error) {
     if (pc !== peer) return; // stopped meanwhile: closing the peer aborts the steps above
-    showError(`Could not start: ${error.message}`);
-    await stop({ keepError: true });
-  }
-}
-
-async function watch() {
-  setRunning(true);
-  setState('starting', 'Joining the session…');
-  const peer = new RTCPeerConnection({ iceServers: [] });
-  pc = peer;
-  try {
-    const remote = new MediaStream();
-    peer.addEventListener('track', (event) => remote.addTrack(event.track));
-    peer.addEventListener('connectionstatechange', () => onConnectionState(peer));
-    peer.addTransceiver('audio', { direction: 'recvonly' });
-    peer.addTransceiver('video', { direction: 'recvonly' });
-    await peer.setLocalDescription(await peer.createOffer());
-    await iceGatheringComplete(peer);
-    const answer = await api('POST', 'offer', {
-      sdp: peer.localDescription.sdp, type: peer.localDescription.type, ...watching,
-    });
-    if (pc !== peer) return;
-    sessionId = answer.session_id;
-    await peer.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
-    ui.video.muted = ui.mute.checked;
-    ui.video.srcObject = remote;
-    ui.video.play().catch((error) => showError(`The video could not play: ${error.message}`));
-    previous = null;
-    statsTimer = setInterval(() => { statsPoll = refreshStats().catch(showError); }, 1000);
-  } catch (error) {
-    if (pc !== peer) return;
-    showError(`Could not watch: ${error.message}`);
+    showError(`Could not ${watching ? 'watch' : 'start'}: ${error.message}`);
     await stop({ keepError: true });
   }
 }
