@@ -2,11 +2,13 @@
 espeak-ng, each streamed to the server in 100 ms pieces as if a TTS were synthesising it,
 and cuts itself off in the middle of the last one, as an agent does when its user starts
 talking. It prints the session's events, and how much of the cut sentence was heard.
+With ``--listen SECONDS`` it then says whatever viewers type into the web page's text box
+(a ``viewer_message`` event), each request cutting off the one before.
 
-Watch it with any viewer of the session, e.g. the reference client:
+Watch it with any viewer of the session, e.g. the web page or the reference client:
 
     python -m server &                                  # the server, on loopback
-    python -m examples.agent http://127.0.0.1:8080      # prints the session and token
+    python -m examples.agent http://127.0.0.1:8080 --listen 300   # prints the viewer URL
     python -m server.client http://127.0.0.1:8080 --view SESSION TOKEN --seconds 15
 """
 
@@ -38,12 +40,43 @@ async def synthesised(text: str) -> AsyncIterator[np.ndarray]:
         await asyncio.sleep(0.02)
 
 
+async def answer_viewers(avatar: SessionClient, seconds: float,
+                         listening: asyncio.Event | None = None) -> list[str]:
+    """For ``seconds``, say each text a viewer sends, cutting off whatever is being said
+    (the person asked for something else); the texts said. ``listening`` is set once
+    no message can be missed."""
+    said: list[str] = []
+    speaking: asyncio.Task[Any] | None = None
+
+    async def listen() -> None:
+        nonlocal speaking
+        async for event in avatar.events(listening):
+            if event["type"] != "viewer_message":
+                continue
+            if speaking is not None and not speaking.done():
+                await avatar.interrupt()
+                await speaking
+            said.append(event["text"])
+            speaking = asyncio.create_task(avatar.speak(synthesised(event["text"]), RATE))
+
+    try:
+        await asyncio.wait_for(listen(), seconds)
+    except TimeoutError:
+        pass
+    if speaking is not None:
+        await speaking
+    return said
+
+
 async def run(url: str, *, wait_s: float = 3.0, cut_after_s: float = 2.0,
-              api_key: str | None = None) -> list[dict[str, Any]]:
-    """Speak, cut the last sentence ``cut_after_s`` into it; the events seen."""
+              listen_s: float = 0.0, api_key: str | None = None) -> list[dict[str, Any]]:
+    """Speak, cut the last sentence ``cut_after_s`` into it, then answer viewers for
+    ``listen_s``; the events seen."""
     seen: list[dict[str, Any]] = []
     async with SessionClient(url, api_key=api_key) as avatar:
-        print(json.dumps({"session_id": avatar.session_id, "token": avatar.token}), flush=True)
+        print(json.dumps({"session_id": avatar.session_id, "token": avatar.token,
+                          "page": f"{avatar.base_url}/?session={avatar.session_id}"
+                                  f"&token={avatar.token}"}), flush=True)
 
         async def follow() -> None:
             async for event in avatar.events():
@@ -64,6 +97,8 @@ async def run(url: str, *, wait_s: float = 3.0, cut_after_s: float = 2.0,
         for utterance in cut["interrupted"]:
             print(f"cut off after {utterance['heard_s']} s of the last sentence", flush=True)
         await asyncio.sleep(0.5)
+        if listen_s > 0:
+            await answer_viewers(avatar, listen_s)
         follower.cancel()
     return seen
 
@@ -72,9 +107,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
     parser.add_argument("--wait", type=float, default=3.0, help="seconds before speaking")
+    parser.add_argument("--listen", type=float, default=0.0, metavar="SECONDS",
+                        help="then say what viewers type on the web page, for this long")
     parser.add_argument("--api-key")
     args = parser.parse_args()
-    asyncio.run(run(args.url, wait_s=args.wait, api_key=args.api_key))
+    asyncio.run(run(args.url, wait_s=args.wait, listen_s=args.listen, api_key=args.api_key))
 
 
 if __name__ == "__main__":

@@ -332,11 +332,14 @@ class SessionClient:
         """Barge-in: which utterances were cut, and how much of each was heard."""
         return await self._call("POST", self._path("/interrupt"), 200)
 
-    async def events(self) -> Any:
-        """The session's events (dicts) until it ends."""
+    async def events(self, following: asyncio.Event | None = None) -> Any:
+        """The session's events (dicts) until it ends; ``following`` is set once the
+        stream is open, so that no event from then on can be missed."""
         assert self._http is not None
         async with self._http.get(self.base_url + self._path("/events"),
                                   timeout=aiohttp.ClientTimeout(total=None)) as response:
+            if following is not None:
+                following.set()
             async for line in response.content:
                 if line.startswith(b"data: "):
                     yield json.loads(line[6:])

@@ -110,7 +110,7 @@ class Session:
         self.manifest = manifest
         self.created = time.time()
         self.state = "ready" if hosted else "new"  # a hosted one's viewers come and go
-        self.events = EventStream()
+        self.events = EventStream(self.id)
         self._next_chunk = 0
         self.close_reason: str | None = None
         self.clock = MediaClock(origin=loop.time(), fps=fps,

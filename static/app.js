@@ -9,11 +9,13 @@ const ui = {
   avatars: $('avatar-list'), upload: $('upload'), size: $('size'), chooser: $('chooser'),
   start: $('start'), stop: $('stop'), video: $('video'), mute: $('mute'),
   status: $('status'), error: $('error'), stats: $('stats'), knobs: $('knobs'),
+  say: $('say'), sayText: $('say-text'), saySend: $('say-send'), events: $('events'),
 };
 const sliders = new Map(); // knob name -> its range input, built from GET /config
 
 let pc = null;
 let mic = null;
+let channel = null; // a viewer's "events" data channel: the session's events, our messages
 let sessionId = null;
 let state = 'idle';
 let avatarId = null;
@@ -191,6 +193,7 @@ async function start() {
   try {
     if (watching) {
       peer.addTransceiver('audio', { direction: 'recvonly' });
+      openEvents(peer);
     } else {
       const stream = await navigator.mediaDevices.getUserMedia({
         audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
@@ -257,6 +260,8 @@ async function stop({ keepError = false, hangUp = !watching } = {}) {
   pc = null;
   mic?.getTracks().forEach((track) => track.stop());
   mic = null;
+  channel = null;
+  ui.saySend.disabled = true;
   ui.video.srcObject = null;
   if (avatarId) selectAvatar(avatarId); // the poster again
   for (const value of ui.stats.querySelectorAll('dd')) value.textContent = '–';
@@ -273,6 +278,61 @@ async function stop({ keepError = false, hangUp = !watching } = {}) {
     }
   }
   peer?.close();
+}
+
+// ---- events and messages (viewer mode) ----------------------------------------------
+
+// The session's events arrive on a data channel labelled "events"; text typed into the box
+// goes back on it as {"type": "message", "text"}, and the application driving the session
+// (an agent, say) hears it and may speak in answer.
+function openEvents(peer) {
+  const events = peer.createDataChannel('events');
+  channel = events;
+  events.addEventListener('open', () => { if (channel === events) ui.saySend.disabled = false; });
+  events.addEventListener('close', () => { if (channel === events) ui.saySend.disabled = true; });
+  events.addEventListener('message', (message) => {
+    if (channel !== events) return;
+    try {
+      onEvent(JSON.parse(message.data));
+    } catch (error) {
+      console.error('an event that is not JSON', error);
+    }
+  });
+}
+
+function describe(event) {
+  switch (event.type) {
+    case 'viewer_message': return `Asked: “${event.text}”`;
+    case 'utterance_started': return `Speaking (${event.utterance_id})`;
+    case 'utterance_ended': return `Finished speaking (${event.utterance_id})`;
+    case 'interrupted': return event.interrupted.length
+      ? `Cut off after ${event.interrupted.map((u) => `${u.heard_s} s`).join(', ')}`
+      : 'Interrupted (nothing was playing)';
+    default: return null;
+  }
+}
+
+function onEvent(event) {
+  if (event.type === 'error') {
+    showError(event.message);
+    return;
+  }
+  const text = describe(event);
+  if (!text) return;
+  const item = Object.assign(document.createElement('li'), { textContent: text });
+  item.dataset.type = event.type;
+  ui.events.prepend(item);
+  while (ui.events.children.length > 8) ui.events.lastElementChild.remove();
+  ui.events.hidden = false;
+}
+
+function sendMessage(submit) {
+  submit.preventDefault();
+  const text = ui.sayText.value.trim();
+  if (!text || channel?.readyState !== 'open') return;
+  clearError();
+  channel.send(JSON.stringify({ type: 'message', text }));
+  ui.sayText.value = '';
 }
 
 // ---- knobs --------------------------------------------------------------------------
@@ -375,6 +435,8 @@ ui.start.addEventListener('click', start);
 ui.stop.addEventListener('click', () => stop());
 ui.upload.addEventListener('change', uploadAvatar);
 ui.mute.addEventListener('change', () => { ui.video.muted = ui.mute.checked; });
+ui.say.addEventListener('submit', sendMessage);
+ui.say.hidden = !watching;
 // Leaving the page ends the session at once rather than after the server's peer timeout
 // (a viewer's leaving ends only its own connection).
 window.addEventListener('pagehide', () => {

@@ -227,20 +227,22 @@ async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
 
 
 async def test_the_page_watches_a_session_an_application_drives(server, speech_wav, tmp_path):
-    """/?session=ID&token=T: no microphone, a receive-only viewer; Stop leaves it running."""
+    """/?session=ID&token=T: no microphone, a receive-only viewer whose text box asks the
+    example agent to speak; Stop leaves the session running."""
     import aiohttp
 
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{server.url}/sessions", json={}) as response:
-            created = await response.json()
-        session_id = created["session_id"]
+    from examples.agent import answer_viewers
+    from server.client import SessionClient
+
+    async with SessionClient(server.url) as avatar, aiohttp.ClientSession() as http:
+        session_id = avatar.session_id
         async with playwright_api.async_playwright() as pw:
             context = await pw.chromium.launch_persistent_context(
                 str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
                 args=chromium_args(speech_wav), timeout=30_000)
             try:
                 page = context.pages[0] if context.pages else await context.new_page()
-                await page.goto(f"{server.url}/?session={session_id}&token={created['token']}",
+                await page.goto(f"{server.url}/?session={session_id}&token={avatar.token}",
                                 wait_until="load")
                 await page.click("#start")
                 await page.wait_for_function("window.sonic.state === 'connected'",
@@ -255,11 +257,20 @@ async def test_the_page_watches_a_session_an_application_drives(server, speech_w
                 await asyncio.sleep(3.0)
                 after = await page.evaluate(SAMPLE)
                 assert after["frames"] - before["frames"] >= 60, (before, after)
+
+                listening = asyncio.Event()
+                agent = asyncio.create_task(answer_viewers(avatar, 5.0, listening))
+                await listening.wait()
+                await page.wait_for_selector("#say-send:not([disabled])", timeout=5_000)
+                await page.fill("#say-text", "Good morning to you.")
+                await page.click("#say-send")
+                await page.wait_for_selector('#events li[data-type="utterance_started"]',
+                                             timeout=10_000)
+                assert await agent == ["Good morning to you."]
+                assert await page.input_value("#say-text") == ""
                 await page.click("#stop")
                 await page.wait_for_function("window.sonic.state === 'stopped'")
             finally:
                 await context.close()
         async with http.get(f"{server.url}/sessions/{session_id}") as response:
             assert response.status == 200  # the viewer left; the session did not end
-        async with http.delete(f"{server.url}/sessions/{session_id}") as response:
-            assert response.status == 204

@@ -333,3 +333,76 @@ async def test_two_viewers_get_one_encoding_and_a_late_one_starts_at_once(server
         a = first.video.data[int(np.flatnonzero(times_a == t)[0])]
         b = second.video.data[int(np.flatnonzero(times_b == t)[0])]
         assert np.array_equal(a, b)
+
+
+async def test_a_viewer_asks_the_agent_to_speak_on_the_events_channel(server):
+    """The web page's text box: a viewer sends text on its ``events`` data channel, the
+    application hears a ``viewer_message`` event, and the example agent says it (cutting
+    off what it was saying); garbage and floods are refused on the channel alone."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    from examples.agent import answer_viewers
+    from server.client import SessionClient
+    from server.events import MESSAGES_PER_WINDOW
+
+    try:
+        espeak("test", rate=16000)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    seen: list[dict] = []
+    async with SessionClient(server.url) as avatar:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("audio", direction="recvonly")
+        pc.addTransceiver("video", direction="recvonly")
+        channel = pc.createDataChannel("events")
+        channel.on("message", lambda message: seen.append(json.loads(message)))
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        try:
+            await pc.setLocalDescription(await pc.createOffer())
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{server.url}/offer", json={
+                        "sdp": pc.localDescription.sdp, "type": "offer",
+                        "session_id": avatar.session_id, "token": avatar.token}) as response:
+                    answer = await response.json()
+                    assert response.status == 200, answer
+            await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+            await asyncio.wait_for(opened.wait(), 10)
+
+            async def until(check, what: str) -> None:  # type: ignore[no-untyped-def]
+                for _ in range(200):
+                    if check():
+                        return
+                    await asyncio.sleep(0.05)
+                pytest.fail(f"the viewer never saw {what}: {seen}")
+
+            listening = asyncio.Event()
+            agent = asyncio.create_task(answer_viewers(avatar, 6.0, listening))
+            await asyncio.wait_for(listening.wait(), 5)
+            channel.send("not json")
+            channel.send(json.dumps({"type": "message", "text": "   "}))
+            await until(lambda: len([e for e in seen if e["type"] == "error"]) == 2, "errors")
+            assert {e["error"] for e in seen} == {"bad_message"}
+            channel.send(json.dumps({"type": "message", "text": "Hello, how are you today?"}))
+            await until(lambda: any(e["type"] == "utterance_started" for e in seen),
+                        "the agent speaking")
+            channel.send(json.dumps({"type": "message", "text": "Say something else."}))
+            await until(lambda: [e["type"] for e in seen].count("utterance_started") == 2,
+                        "the second request spoken")
+            said = await agent
+            assert said == ["Hello, how are you today?", "Say something else."]
+            kinds = [e["type"] for e in seen if e["type"] != "error"]
+            assert kinds[:4] == ["viewer_message", "utterance_started", "viewer_message",
+                                 "interrupted"], kinds
+            (cut,) = [e for e in seen if e["type"] == "interrupted"]
+            assert cut["interrupted"][0]["utterance_id"].endswith("-u1")
+            assert 0 < cut["interrupted"][0]["heard_s"] < 2.0
+            # A flood: the rest of the window's allowance goes through, then refusals.
+            for n in range(MESSAGES_PER_WINDOW):
+                channel.send(json.dumps({"type": "message", "text": f"flood {n}"}))
+            await until(lambda: any(e.get("error") == "too_many_messages" for e in seen),
+                        "the flood refused")
+            assert [e["text"] for e in seen if e["type"] == "viewer_message"][2:] == [
+                f"flood {n}" for n in range(MESSAGES_PER_WINDOW - 2)]
+        finally:
+            await pc.close()
