@@ -22,6 +22,7 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcrtpsender import RTCRtpSender
+from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, unpack_remb_fci
 from aiortc.sdp import SessionDescription
 
 from server.config import IceSettings
@@ -164,6 +165,27 @@ def _hear_reports(sender: RTCRtpSender, session: Session) -> None:
     sender._handle_rtcp_packet = heard  # type: ignore[method-assign]
 
 
+def _share_feedback(sender: RTCRtpSender, video: SharedVideoTrack) -> None:
+    """What a viewer reports about its video goes to the encoding it shares: a lost
+    picture (PLI, FIR) asks a key frame of it, and a bandwidth estimate (REMB) bounds its
+    rate. aiortc would hand both to the sender's own encoder, which encodes nothing here."""
+    sender._send_keyframe = video.request_keyframe  # type: ignore[method-assign]
+    handle = sender._handle_rtcp_packet
+
+    async def handled(packet: object) -> None:
+        if isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
+            try:
+                bitrate, ssrcs = unpack_remb_fci(packet.fci)
+            except ValueError:
+                pass
+            else:
+                if sender._ssrc in ssrcs:
+                    video.limit_bitrate(bitrate)
+        await handle(packet)
+
+    sender._handle_rtcp_packet = handled  # type: ignore[method-assign]
+
+
 def _prefer_codec(pc: RTCPeerConnection, codec: str, *, only: bool = False) -> None:
     """``codec`` first in the answer; with ``only``, no other (retransmissions aside)."""
     wanted = f"video/{codec.upper()}"
@@ -220,8 +242,8 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
         senders = [pc.addTrack(audio_out)]
         if not session.motion_only:
             senders.append(pc.addTrack(video_out))
-            if isinstance(video_out, SharedVideoTrack):  # a lost picture: a key frame for all
-                senders[-1]._send_keyframe = video_out.request_keyframe  # type: ignore[method-assign]
+            if isinstance(video_out, SharedVideoTrack):
+                _share_feedback(senders[-1], video_out)
         for sender in senders:
             _hear_reports(sender, session)
         _prefer_codec(pc, codec, only=shared)

@@ -459,6 +459,8 @@ class Session:
             "frames_repeated": self.frames_repeated,
             "frames_skipped": self.frames_skipped,
             "frames_dropped": self.frames_dropped,
+            # The shared encoding's rate: the lowest its viewers estimate they can take.
+            "video_bitrate": self._video.bitrate if self._video is not None else None,
             "pipeline_delay_ms": {"p50": ms(_percentile(self._pipeline_delays, 50)),
                                   "p95": ms(_percentile(self._pipeline_delays, 95))},
             "av_offset_ms": {"p50": ms(_percentile(self._av_offsets, 50)),

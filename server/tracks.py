@@ -16,6 +16,7 @@ from typing import Protocol
 import av
 import cv2
 import numpy as np
+from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder
@@ -148,7 +149,12 @@ class SharedVideo:
     on the session clock, encodes each once and hands the same packet to every viewer's
     queue, where aiortc only packetises it. A viewer starts at a key frame (one is made
     when it joins, and when any viewer reports a lost picture); a viewer too far behind
-    starts again at the next. Before, every viewer had an encoder of its own."""
+    starts again at the next. Before, every viewer had an encoder of its own.
+
+    One encoding has one rate: the lowest that any viewer's receiver estimates it can
+    take (REMB), so that no viewer is sent more than its path carries; aiortc's default
+    until a viewer says. (Viewers on poorer paths holding back the rest is the price of
+    encoding once; simulcast layers would lift it.)"""
 
     def __init__(self, source: VideoSource, speed: int,
                  on_encoded: Callable[[], None] = lambda: None) -> None:
@@ -156,6 +162,7 @@ class SharedVideo:
         self._encoder = RealtimeVp8Encoder(speed)
         self._on_encoded = on_encoded
         self._queues: dict[asyncio.Queue[av.Packet | None], bool] = {}  # -> has a key frame
+        self._rates: dict[asyncio.Queue[av.Packet | None], int] = {}  # -> estimate, bit/s
         self._keyframe = False
         self._task: asyncio.Task[None] | None = None
 
@@ -169,9 +176,25 @@ class SharedVideo:
 
     def detach(self, queue: asyncio.Queue[av.Packet | None]) -> None:
         self._queues.pop(queue, None)
+        self._rates.pop(queue, None)
+        self._retarget()
 
     def request_keyframe(self) -> None:
         self._keyframe = True
+
+    def limit_bitrate(self, queue: asyncio.Queue[av.Packet | None], bitrate: int) -> None:
+        """The viewer reading ``queue`` estimates it can take ``bitrate`` bit/s."""
+        if queue in self._queues:
+            self._rates[queue] = bitrate
+            self._retarget()
+
+    @property
+    def bitrate(self) -> int:
+        """The rate the encoder aims at (within aiortc's VP8 limits)."""
+        return self._encoder.target_bitrate
+
+    def _retarget(self) -> None:
+        self._encoder.target_bitrate = min(self._rates.values(), default=vpx.DEFAULT_BITRATE)
 
     def close(self) -> None:
         """Viewers' streams end, and the encoder goes now, not at a later collection."""
@@ -229,6 +252,10 @@ class SharedVideoTrack(MediaStreamTrack):
     def request_keyframe(self) -> None:
         """For this viewer's sender, when its viewer reports a lost picture (PLI, FIR)."""
         self._video.request_keyframe()
+
+    def limit_bitrate(self, bitrate: int) -> None:
+        """For this viewer's sender, when its viewer estimates what it can take (REMB)."""
+        self._video.limit_bitrate(self._queue, bitrate)
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":

@@ -406,3 +406,61 @@ async def test_a_viewer_asks_the_agent_to_speak_on_the_events_channel(server):
                 f"flood {n}" for n in range(MESSAGES_PER_WINDOW - 2)]
         finally:
             await pc.close()
+
+
+async def _poor_viewer(url: str, view: tuple[str, str], bitrate: int, seconds: float) -> None:
+    """A viewer whose receiver reports (REMB) it can take only ``bitrate`` bit/s: its
+    offer leaves out the send-time extension that aiortc's own estimates need."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, pack_remb_fci
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    video = pc.addTransceiver("video", direction="recvonly")
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            sdp = "".join(line for line in pc.localDescription.sdp.splitlines(keepends=True)
+                          if "abs-send-time" not in line)
+            async with http.post(f"{url}/offer", json={
+                    "sdp": sdp, "type": "offer",
+                    "session_id": view[0], "token": view[1]}) as response:
+                answer = await response.json()
+        await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+        section = answer["sdp"].split("m=video", 1)[1]
+        ssrc = int(section.split("a=ssrc:", 1)[1].split()[0])
+        for _ in range(int(seconds / 0.5)):
+            await asyncio.sleep(0.5)
+            if pc.connectionState == "connected":
+                await video.receiver._send_rtcp(RtcpPsfbPacket(
+                    fmt=RTCP_PSFB_APP, ssrc=1, media_ssrc=0,
+                    fci=pack_remb_fci(bitrate, [ssrc])))
+    finally:
+        await pc.close()
+
+
+async def test_the_shared_encoding_runs_at_the_rate_its_poorest_viewer_can_take(server):
+    async with aiohttp.ClientSession() as http:
+        created = await _create(http, server.url)
+        view = (created["session_id"], created["token"])
+
+        async def bitrate() -> int:
+            async with http.get(f"{server.url}/sessions/{view[0]}") as response:
+                return (await response.json())["stats"]["video_bitrate"]
+
+        async def meanwhile() -> tuple[int, int]:
+            await asyncio.sleep(1.0)
+            poor = asyncio.create_task(_poor_viewer(server.url, view, 260_000, 5.0))
+            await asyncio.sleep(4.0)
+            held = await bitrate()
+            await poor  # it leaves
+            await asyncio.sleep(3.0)
+            return held, await bitrate()
+
+        received, (held, after) = await asyncio.gather(
+            run_session(server.url, "", seconds=10.0, view=view), meanwhile())
+        async with http.delete(f"{server.url}/sessions/{view[0]}"):
+            pass
+    assert held == 260_000  # the poor viewer's estimate bounded everyone's encoding ...
+    assert after > 260_000  # ... until it left: then the other viewer's own estimate
+    assert received.video_fps() >= 24
