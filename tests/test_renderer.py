@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -93,7 +94,11 @@ def test_jaw_open_darkens_mouth_and_drops_chin(
     renderer: Renderer, crop: np.ndarray, geometry: np.ndarray
 ) -> None:
     frame = _render(renderer, crop, geometry, jawOpen=1.0)
-    box = _box(geometry, "mouth_x", "mouth_y", 10, 6)
+    # Below where the smile's upper teeth end, the mouth opens dark.
+    bite = _px(geometry[G["upper_lip_inner_y"]] + 0.75 * (
+        geometry[G["lower_lip_inner_y"]] - geometry[G["upper_lip_inner_y"]]))
+    x = _px(geometry[G["mouth_x"]])
+    box = slice(round(bite), round(bite) + 10), slice(round(x - 10), round(x + 10))
     assert _gray(frame[box]).mean() < _gray(crop[box]).mean() - 40
     chin = _track(crop, frame, _px(geometry[G["chin_x"]]), _px(geometry[G["chin_y"]]) - 4)
     assert chin[1] >= 3 and abs(chin[0]) <= 1
@@ -143,6 +148,73 @@ def test_blink_covers_the_eye(renderer: Renderer, crop: np.ndarray, geometry: np
 
 
 # --------------------------------------------------------------------------- export
+
+
+# --------------------------------------------------------------------------- the mouth
+
+HOPPER = Path(__file__).parent / "data" / "grace_hopper.jpg"  # lips closed (NOTICE there)
+
+
+@pytest.fixture(scope="module")
+def closed_crop() -> np.ndarray:
+    return prepare_portrait(decode_image(HOPPER.read_bytes()), size=SIZE).image
+
+
+@pytest.fixture(scope="module")
+def closed_geometry(closed_crop: np.ndarray) -> np.ndarray:
+    geo, _ = portrait_geometry(closed_crop)
+    assert geo[G["lower_lip_inner_y"]] - geo[G["upper_lip_inner_y"]] < 0.01  # really closed
+    return geo
+
+
+def _opening_box(geo: np.ndarray, hw: float) -> tuple[slice, slice]:
+    """Columns about the mouth centre, rows from the upper inner lip to 40 px below it."""
+    x, top = _px(geo[G["mouth_x"]]), _px(geo[G["upper_lip_inner_y"]])
+    return slice(round(top), round(top) + 40), slice(round(x - hw), round(x + hw))
+
+
+def test_a_smile_keeps_its_upper_teeth_while_the_lower_drop_with_the_jaw(
+    renderer: Renderer, crop: np.ndarray, geometry: np.ndarray
+) -> None:
+    """The default avatar smiles with teeth showing: its upper teeth stay with the skull."""
+    ui, li = _px(geometry[G["upper_lip_inner_y"]]), _px(geometry[G["lower_lip_inner_y"]])
+    assert li - ui > 6  # parted in the portrait
+    frame = _render(renderer, crop, geometry, jawOpen=0.7)
+    x = _px(geometry[G["mouth_x"]])
+    upper = _track(crop, frame, x, ui + 0.3 * (li - ui), half=4)
+    lower = _track(crop, frame, x, li + 2, half=4)
+    assert abs(upper[1]) <= 1 and abs(upper[0]) <= 1, upper
+    assert lower[1] >= 4, lower
+
+
+def test_the_inside_of_the_mouth_takes_the_portraits_colours(
+    renderer: Renderer, crop: np.ndarray, geometry: np.ndarray
+) -> None:
+    """Throat and tongue come from the lips: a portrait with red and blue swapped gets a
+    bluish mouth, not the same dark red pasted on."""
+    frame = _render(renderer, crop, geometry, jawOpen=1.0)
+    swapped = _render(renderer, crop[:, :, ::-1].copy(), geometry, jawOpen=1.0)
+    box = _opening_box(geometry, 6)
+    inside, inside_swapped = (f[box].reshape(-1, 3).astype(np.float32) for f in (frame, swapped))
+    cavity = inside[inside.sum(1) < np.percentile(inside.sum(1), 40)].mean(0)
+    cavity_swapped = inside_swapped[inside_swapped.sum(1) < np.percentile(
+        inside_swapped.sum(1), 40)].mean(0)
+    assert cavity[0] > cavity[2] + 10 and cavity_swapped[2] > cavity_swapped[0] + 10
+    assert cavity.max() > 30  # shaded, not black
+
+
+def test_a_closed_mouth_opens_onto_teeth_and_leaves_no_line_when_almost_shut(
+    renderer: Renderer, closed_crop: np.ndarray, closed_geometry: np.ndarray
+) -> None:
+    box = _box(closed_geometry, "mouth_x", "mouth_y", 30, 12)
+    for jaw in (0.0, 0.02):  # at rest, and barely open: the portrait, no dark line
+        frame = _render(renderer, closed_crop, closed_geometry, jawOpen=jaw)
+        darker = _gray(closed_crop[box]) - _gray(frame[box])
+        assert darker.max() < 20, (jaw, darker.max())
+    frame = _render(renderer, closed_crop, closed_geometry, jawOpen=1.0)
+    column = _gray(frame[_opening_box(closed_geometry, 3)]).mean(1)  # down the centre
+    lit, dark = column[:12].max(), column.min()
+    assert lit > dark + 60  # teeth under the upper lip, then the cavity
 
 
 def _coeffs(batch: int) -> torch.Tensor:

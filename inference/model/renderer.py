@@ -5,8 +5,15 @@ motion is ONE backward flow field and ONE ``grid_sample``. The flow is a low-ran
 separable 1-D profiles, ``grid = sum_k a_k(y) b_k(x)`` per axis (one small batched MatMul,
 sharper and cheaper than upsampling a coarse grid). Every profile is anchored on the face
 mesh (``GEOMETRY_NAMES``), so shapes land on the real lips, lids and jaw. A mouth
-interior (throat, tongue, a hint of teeth) is then composited where the lips part; it is
-the only other full-resolution work.
+interior is then composited where the lips part; it is the only other full-resolution work.
+
+The mouth starts from the portrait's own: the inner lip contour says whether its lips are
+closed or parted (a smile showing teeth, say). Parted, the upper teeth stay with the skull
+and the lower teeth ride down with the jaw, and the cavity opens between them; closed, the
+lips part and a hint of teeth shows under them. The cavity is coloured from the portrait
+itself (its lips for throat and tongue, its skin's lighting for teeth), shaded, and its
+edges are feathered over at least a pixel and a half, so it sits on any face and a mouth
+that is almost shut shows no line.
 
 Conventions. Geometry is normalised [-1, 1] in the crop (grid-sample, align_corners=False,
 y down); the portrait is assumed square (as the server prepares it). Coefficients follow
@@ -75,14 +82,17 @@ class Renderer(nn.Module):
     roll_thin: float = 0.85
     jaw_corner_down: float = 0.30  # corners follow the jaw, x its drop
     jaw_in: float = 0.07
+    teeth_upper: float = 0.2  # visible upper teeth under a closed portrait's lip, x mw
+    teeth_lower: float = 0.12  # lower teeth when wide open, x mw
 
     def __init__(self) -> None:
         super().__init__()
         if len(ALL) != 16 or ALL[: len(SPEECH)] != SPEECH:
             raise RuntimeError("blendshapes.ALL changed; update the renderer's indices")
-        # Mouth interior colours (RGB in [0, 1]): throat, tongue, teeth.
-        palette = [[0.09, 0.025, 0.03], [0.58, 0.22, 0.24], [0.84, 0.80, 0.74]]
-        self.register_buffer("palette", torch.tensor(palette), persistent=False)
+        # Teeth: a warm off-white as bright as the skin is lit. Throat and tongue: the lips'
+        # colour, redder.
+        self.register_buffer("teeth_tint", torch.tensor([0.97, 0.93, 0.86]), persistent=False)
+        self.register_buffer("cavity_tint", torch.tensor([1.0, 0.6, 0.6]), persistent=False)
 
     def forward(self, portrait: Tensor, geometry: Tensor, coefficients: Tensor) -> Tensor:
         image = self.render(portrait, geometry, coefficients)
@@ -187,7 +197,7 @@ class Renderer(nn.Module):
         fade_cheek = 1.0 - _smoothstep(0.9 * mw, 1.9 * mw, dx.abs())
         lips_x = dx * fade_cheek * torch.where(dx < 0.0, out_l, out_r)
         band_y = 1.0 - _smoothstep(0.55 * mc, 1.25 * mc, (ys - my).abs())  # (B, H)
-        purse_x = -inward * dx * (1.0 - _smoothstep(0.6 * mw, 1.3 * mw, dx.abs()))
+        purse_x = -inward * dx * (1.0 - _smoothstep(0.5 * mw, 1.6 * mw, dx.abs()))
         purse_y = 1.0 - _smoothstep(0.3 * mc, 0.8 * mc, (ys - my).abs())
         out_l = out_l - inward
         out_r = out_r - inward
@@ -202,21 +212,35 @@ class Renderer(nn.Module):
         # lower lip drops by the rest. jawOpen parts them in a lens between the inner
         # corners; mouthFunnel in a round opening; mouthClose keeps them together while
         # the jaw (and chin) still drop.
-        share = self.upper_lip_share
-        drop = jaw * self.jaw_drop * mc  # chin travel
+        # A portrait whose lips are already parted (teeth showing) opens at its bite line:
+        # the upper lip and teeth stay, everything from the lower teeth down drops.
+        g0 = (li - ui).clamp(min=0.0)
+        parted = _smoothstep(0.04, 0.15, g0 / mw)  # (B, 1)
+        share = self.upper_lip_share * (1.0 - parted)
+        # The gap the jaw opens; the chin travels (1 - share) of it, the same on any face.
+        drop = jaw * self.jaw_drop * mc * (1.0 - self.upper_lip_share * parted)
         gap_jaw = drop * (1.0 - close)
         gap_round = funnel * self.funnel_gap * mw
         gap = gap_jaw + gap_round  # at the centre column
-        lens_jaw = _lens(u_mouth, 0.6)
+        lens_jaw = _lens(u_mouth, 0.9)
         lens_round = _lens(dx / (self.funnel_width * mw * (1.0 + 0.3 * jaw)), 0.5)
         gap_x = (gap_jaw * lens_jaw + gap_round * lens_round) / gap.clamp(min=1e-4)  # (B, W)
         gap_x = gap_x.clamp(max=1.0)
 
-        ramp = _soft_clamp01((ys - my) / gap.clamp(min=1e-4) + share, 0.12)
-        opening = gap * (ramp - share * _smoothstep(my - 0.55 * mc, my, ys))
+        # The lips part along a line that bends up toward the corners as the portrait's
+        # mouth does (a smile's bite line), so this one term is per pixel, not separable.
+        # In a smile the upper teeth fill most of the parted lips: they meet the lower ones
+        # about 70% of the way down.
+        bite = ui + (0.5 + 0.2 * parted) * g0
+        bend = (0.5 * (cly + cry) - my) * ((xs - mx) / mw).square().clamp(max=1.0)  # (B, W)
+        split = bite + bend
+        ramp = _soft_clamp01((ys[:, :, None] - split[:, None, :])
+                             * (1.0 / gap.clamp(min=1e-4))[:, :, None] + share[:, :, None], 0.12)
         lip_bottom = lo + (1.0 - share) * gap
         to_jaw = _smoothstep(lip_bottom + 0.05 * mc, lip_bottom + 0.45 * mc, ys)
-        gap_y = opening * (1.0 - to_jaw)  # (B, H)
+        lift = share * _smoothstep(my - 0.55 * mc, my, ys)  # (B, H)
+        gap_yx = (gap * (1.0 - to_jaw))[:, :, None] * (ramp - lift[:, :, None]) * (
+            gap_x[:, None, :])  # (B, H, W): the lips' parting, downward
 
         # The jaw: from below the lower lip to the chin everything drops by the chin travel,
         # across the jaw's width; under the chin the neck compresses instead of tearing.
@@ -226,7 +250,6 @@ class Renderer(nn.Module):
 
         # mouthClose (and a pucker) also shuts a portrait that is already open: the lips
         # meet on the lip line.
-        g0 = (li - ui).clamp(min=0.0)
         shut = (close + 0.7 * pucker).clamp(max=1.0) * g0 * 0.5
         shut_y = shut * torch.tanh((ys - my) / (0.25 * g0 + 0.004)) * (
             _smoothstep(nose_y, uo, ys) * (1.0 - _smoothstep(lo, cy, ys))
@@ -303,7 +326,6 @@ class Renderer(nn.Module):
             [
                 ys.expand(batch, -1),
                 head_y,
-                gap_y,
                 chin_y,
                 shut_y,
                 corner_band,
@@ -319,7 +341,6 @@ class Renderer(nn.Module):
             [
                 ones_x,
                 -head_x * (ty + roll * (xs - pivot_x)),
-                -gap_x,
                 -chin_x,
                 shut_x,
                 -corner_x,
@@ -331,29 +352,69 @@ class Renderer(nn.Module):
             ],
             dim=1,
         )
-        grid = torch.stack([a_x @ b_x, a_y @ b_y], dim=3)  # (B, H, W, 2)
+        grid = torch.stack([a_x @ b_x, a_y @ b_y - gap_yx], dim=3)  # (B, H, W, 2)
         warped = F.grid_sample(
             portrait, grid, mode="bilinear", padding_mode="border", align_corners=False
         )
 
         # ---------------------------------------------------------------- mouth interior
-        # Fills the new gap between the inner lips, soft-edged: dark in the throat and the
-        # corners, tongue-red low, a hint of upper teeth under the upper lip (and lower
-        # teeth when wide open). A funnel shows only the dark round opening.
+        # Fills the new gap, its edges feathered over 3 px and faded in over the first 3 px
+        # of opening (no dark line on a mouth that is almost shut). Throat and tongue take
+        # the portrait's lip colour, darkened; a closed portrait shows its upper teeth under
+        # the upper lip, and lower teeth above the lower lip when wide open, lit like its
+        # skin; a parted one keeps its own teeth, which the warp moved.
+        pixel = 2.0 / height
         gap_col = gap * gap_x  # (B, W)
         gap_half = (0.5 * gap_col).clamp(min=1e-4)
-        centre_y = my + (0.5 - share) * gap_col
+        centre_y = split + (0.5 - share) * gap_col
         v = (ys[:, :, None] - centre_y[:, None, :]) * (1.0 / gap_half)[:, None, :]  # (B, H, W)
-        visible = _smoothstep(0.003, 0.02, gap_col) * _smoothstep(0.0, 0.12, gap_x)
-        alpha = _smoothstep(1.0, 0.6, v.abs()) * (0.95 * visible)[:, None, :]
-        edge = (1.0 - _smoothstep(0.45, 0.95, u_mouth.abs()))  # corners darker, no teeth
-        teeth_amt = (0.5 * _smoothstep(0.15, 0.5, jaw) * (1.0 - funnel) * (1.0 - 0.6 * pucker))
-        teeth_x = (1.0 - _smoothstep(0.35, 0.7, u_mouth.abs())) * teeth_amt
-        teeth = (
-            _smoothstep(-0.45, -0.85, v) + 0.4 * _smoothstep(0.7, 0.95, v) * jaw[:, :, None]
-        ) * teeth_x[:, None, :]
-        tongue = 0.8 * _smoothstep(-0.1, 0.9, v) * (1.0 - 0.7 * funnel)[:, :, None]
-        shade = (0.4 + 0.6 * edge)[:, None, None, :]  # (B, 1, 1, W)
-        deep, red, white = (col[None, :, None, None] for col in self.palette)
-        fill = (deep + (red - deep) * tongue[:, None] + (white - deep) * teeth[:, None]) * shade
+        feather = (3.0 * pixel / gap_half).clamp(0.15, 1.0)[:, None, :]
+        visible = _smoothstep(0.5 * pixel, 3.0 * pixel, gap_col) * _smoothstep(0.0, 0.25, gap_x)
+        alpha = _smoothstep(1.0, 1.0 - feather, v.abs()) * visible[:, None, :]
+
+        lips, skin = self._colours(portrait, mx, uo, ui, li, lo, nose_y)  # (B, 3) each
+        edge = 1.0 - _smoothstep(0.35, 0.95, u_mouth.abs())  # (B, W): the corners in shadow
+        from_top = (v + 1.0) * gap_half[:, None, :]  # distances into the opening
+        from_bottom = (1.0 - v) * gap_half[:, None, :]
+        upper_band = (self.teeth_upper * mw)[:, :, None]
+        lower_band = (self.teeth_lower * mw)[:, :, None]
+        teeth_amt = ((1.0 - parted) * (1.0 - funnel) * (1.0 - 0.6 * pucker)
+                     * _smoothstep(0.1, 0.35, jaw))  # (B, 1)
+        teeth_x = (1.0 - _smoothstep(0.35, 0.75, u_mouth.abs())) * teeth_amt  # (B, W)
+        upper = 1.0 - _smoothstep(0.55 * upper_band, upper_band, from_top)
+        lower = (0.6 - 0.6 * _smoothstep(0.4 * lower_band, lower_band, from_bottom)) * (
+            _smoothstep(0.45, 0.9, jaw)[:, :, None])
+        teeth = torch.maximum(upper, lower) * teeth_x[:, None, :]  # (B, H, W)
+        tongue = 0.85 * _smoothstep(-0.2, 0.75, v) * ((1.0 - 0.7 * funnel)[:, :, None]
+                                                      * edge[:, None, :])
+        # Shadow under the upper lip and teeth, and toward the corners.
+        shade = (0.5 + 0.5 * edge)[:, None, :] * (0.7 + 0.3 * _smoothstep(-1.0, 0.3, v))
+        teeth_lit = (0.82 + 0.18 * edge)[:, None, :] * (
+            0.85 + 0.15 * _smoothstep(0.0, 0.6 * upper_band, from_top))
+
+        def per_channel(col: Tensor) -> Tensor:
+            return col[:, :, None, None]  # (B, 3, 1, 1)
+
+        deep = per_channel(0.3 * lips * self.cavity_tint)
+        tongue_col = per_channel(0.9 * lips * self.cavity_tint)
+        bright = (0.3 * skin.max(dim=1, keepdim=True).values + 0.66) * self.teeth_tint
+        teeth_col = per_channel(0.75 * bright + 0.25 * (1.1 * skin).clamp(max=1.0))
+        fill = (deep + (tongue_col - deep) * tongue[:, None]) * shade[:, None]
+        fill = fill + (teeth_col * teeth_lit[:, None] - fill) * teeth[:, None]
         return warped + (fill - warped) * alpha[:, None]
+
+    @staticmethod
+    def _colours(portrait: Tensor, mx: Tensor, uo: Tensor, ui: Tensor, li: Tensor, lo: Tensor,
+                 nose_y: Tensor) -> tuple[Tensor, Tensor]:
+        """The portrait's lip colour (mid upper and lower lip, a little either side of the
+        centre) and skin colour (above the upper lip), (B, 3) each."""
+        offsets = torch.tensor([-0.04, 0.0, 0.04], device=portrait.device)[None, :]  # (1, 3)
+        xs = mx + offsets
+        lip_pts = torch.cat([torch.stack([xs, (0.5 * (uo + ui)).expand_as(xs)], dim=2),
+                             torch.stack([xs, (0.5 * (li + lo)).expand_as(xs)], dim=2)], dim=1)
+        skin_y = (0.6 * nose_y + 0.4 * uo).expand_as(xs)
+        skin_pts = torch.stack([xs, skin_y], dim=2)
+        points = torch.cat([lip_pts, skin_pts], dim=1)[:, None]  # (B, 1, 9, 2)
+        samples = F.grid_sample(portrait, points, mode="bilinear", padding_mode="border",
+                                align_corners=False)[:, :, 0]  # (B, 3, 9)
+        return samples[:, :, :6].mean(dim=2), samples[:, :, 6:].mean(dim=2)
