@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tilt-norm", type=int, default=int(AudioHead.tilt_norm))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
+    ap.add_argument("--real-speech", metavar="ROOT", default=None,
+                    help="also train on the recordings of real people prepared there "
+                         "(inference.training.real_speech); its held-out speakers never")
+    ap.add_argument("--real-copies", type=int, default=2,
+                    help="times each recording enters training (each with its own "
+                         "augmentation draws)")
     ap.add_argument("--out", default=str(HEAD_WEIGHTS))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -120,7 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     corpus = build_corpus(args.n_train, args.n_eval, args.seed, args.cache, args.n_festival)
     t_corpus = time.time() - t_start
     print(f"corpus: {corpus.describe()} ({t_corpus:.0f}s)", flush=True)
-    clips, aug_counts = training_clips(corpus.train, args.seed, n_noise=len(corpus.train) // 25,
+    train = list(corpus.train)
+    real: dict[str, object] = {}
+    if args.real_speech:
+        from inference.training.real_speech import describe, load_real_speech, split
+
+        recordings = load_real_speech(Path(args.real_speech))
+        train += split(recordings)[0] * args.real_copies
+        real = describe(recordings)
+        print(f"real speech: {real}", flush=True)
+    clips, aug_counts = training_clips(train, args.seed, n_noise=len(train) // 25,
                                        eq_db=args.eq_db, speed=(args.speed_min, args.speed_max))
     windows = make_windows(clips)
     t_data = time.time() - t_start
@@ -136,19 +151,22 @@ def main(argv: list[str] | None = None) -> None:
     params = sum(p.numel() for p in model.parameters())
     desc = {
         "model": "AudioHead", "parameters": params, "weights": out.name,
-        "command": "python -m inference.training.train", "seed": args.seed,
+        "command": "python -m inference.training.train" + (
+            f" --real-speech {args.real_speech} --real-copies {args.real_copies}"
+            if args.real_speech else ""), "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
         "corpus": corpus.describe(),
+        "real_speech": real or None,
         "augmentation": {
             "copies": f"each utterance once clean (random EQ up to {args.eq_db:g} dB p=0.5, "
                       "peak -30..-1 dBFS) and once speed-perturbed "
                       f"x{args.speed_min:g}-{args.speed_max:g} (p=0.6) then "
                       f"augment.random_chain (EQ up to {args.eq_db:g} dB)",
             "applied_counts": aug_counts,
-            "non_speech_clips": len(clips) - 2 * len(corpus.train),
+            "non_speech_clips": len(clips) - 2 * len(train),
         },
         "targets": {"visemes": list(VISEMES), "anticipation_s": 0.04, "blend_sigma_s": 0.03},
         "seconds": {"corpus": round(t_corpus), "features": round(t_data - t_corpus),

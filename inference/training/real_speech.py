@@ -1,0 +1,471 @@
+"""Recordings of real people with phone timings (issue 11), for training and evaluation.
+
+The audio head is otherwise trained on synthetic speech only (:mod:`.corpus`). This
+module turns recordings that were obtained by hand (see ``notes/real_speech.md``: they
+are large, so they live outside the repository, under a data root such as
+``/work/data/real_speech``) into :class:`RealUtterance` objects shaped like the
+synthesizers' :class:`inference.tts.Utterance`: 16 kHz float32 mono audio and phones as
+``(start_s, end_s, name)`` with flite's lower-case CMU phone names (``ax`` for schwa,
+``ah`` for the stressed vowel, ``pau`` for silence), which
+:mod:`inference.training.visemes` maps.
+
+Sources, laid out under ``ROOT/src/`` (each is a plain checkout of a public repository):
+
+* ``dataset-voice-kathleen``: one native US English woman reading the CMU ARCTIC prompts
+  (CC0; 1,620 recordings, 82 minutes; 48 kHz stereo, silence trimmed). The text is the
+  prompt that was read.
+* ``Resemblyzer/audio_data``: LibriSpeech excerpts (CC BY 4.0) shipped in the Resemblyzer
+  repository (Apache-2.0): 10 test-other speakers with 10 utterances each, and one
+  train-clean-100 utterance from each of 251 speakers, with LibriSpeech's SPEAKERS.TXT
+  (sex). No transcripts come with them: the text is pocketsphinx's own recognition
+  (``text_source == "asr"``), so these phone labels are rougher than Kathleen's.
+
+Phone timings come from forced alignment with pocketsphinx 5 (``pip install
+pocketsphinx``: its wheel carries the en-us acoustic model and dictionary). Words are
+pronounced as flite says them (so schwas are ``ax``, as in the synthetic corpus), falling
+back on pocketsphinx's dictionary when flite is not installed.
+
+``python -m inference.training.real_speech --root ROOT --prepare`` aligns everything once
+and caches it as ``ROOT/real_speech-v1.pkl``; :func:`load_real_speech` reads that cache.
+:func:`split` separates training speakers from held-out ones (never trained on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inference.tts import SAMPLE_RATE, Utterance, resample
+
+CACHE_VERSION = 1
+CACHE_NAME = f"real_speech-v{CACHE_VERSION}.pkl"
+#: Silence added around every recording before alignment (Kathleen's are trimmed to the
+#: first and last sample of speech, which leaves the aligner no room for a pause).
+PAD_S = 0.2
+#: pocketsphinx works on 10 ms frames.
+FRAME_S = 0.01
+
+KATHLEEN_DIR = Path("src/dataset-voice-kathleen/data")
+LIBRI_DIR = Path("src/Resemblyzer/audio_data")
+LIBRI_TEST_OTHER = "librispeech_test-other"
+LIBRI_TRAIN_CLEAN = "librispeech_train-clean-100"
+
+#: Held out from training: all ten LibriSpeech test-other speakers (5 F, 5 M) and sixteen
+#: train-clean-100 speakers (8 F, 8 M; the first eight of each sex by speaker number).
+HELDOUT_TEST_OTHER: tuple[str, ...] = (
+    "libri-1688", "libri-1998", "libri-2033", "libri-2414", "libri-2609",
+    "libri-3005", "libri-3080", "libri-3331", "libri-367", "libri-533",
+)
+N_HELDOUT_CLEAN_PER_SEX = 8
+
+
+@dataclass
+class RealUtterance(Utterance):
+    """A recording of a real person: :class:`Utterance` plus who spoke it.
+
+    ``synth`` is ``"real"``; ``voice`` is ``"<corpus>:<speaker>"``.
+    """
+
+    speaker: str = ""
+    sex: str = ""  # "F", "M" or "" when unknown
+    corpus: str = ""
+    utt_id: str = ""
+    text_source: str = "prompt"  # "prompt" (what was read) or "asr" (recognised)
+    accent: str = ""
+    align_score: float = 0.0  # pocketsphinx's mean acoustic score per 10 ms frame
+
+
+# ------------------------------------------------------------------------ phone names
+#: pocketsphinx (CMU, upper case, no stress) phones; flite's names are these lower-cased,
+#: plus ax (schwa, AH here), axr and the syllabic el, em, en.
+_SPHINX = set("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R "
+              "S SH T TH UH UW V W Y Z ZH".split())
+_SPHINX_LOWER = {p.lower() for p in _SPHINX}
+_FLITE_TO_SPHINX: dict[str, list[tuple[str, str]]] = {
+    "ax": [("AH", "ax")], "axr": [("ER", "er")],
+    "el": [("AH", "ax"), ("L", "l")], "em": [("AH", "ax"), ("M", "m")],
+    "en": [("AH", "ax"), ("N", "n")],
+}
+
+
+def normalise_words(text: str) -> list[str]:
+    """Lower-case words of ``text``: letters and inner apostrophes only."""
+    text = text.lower().replace("-", " ")
+    return [w.strip("'") for w in re.sub(r"[^a-z' ]+", " ", text).split() if w.strip("'")]
+
+
+def _flite_phones(word: str) -> list[str] | None:
+    try:
+        out = subprocess.run(["flite", "-t", word, "-ps", "-o", "/dev/null"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    phones = [p for p in out.split() if p != "pau"]
+    return phones or None
+
+
+def _sphinx_dict() -> dict[str, list[str]]:
+    import pocketsphinx
+
+    path = Path(pocketsphinx.get_model_path()) / "en-us" / "cmudict-en-us.dict"
+    out: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) > 1 and "(" not in parts[0]:
+            out[parts[0]] = parts[1:]
+    return out
+
+
+def build_lexicon(words: set[str], cache: Path | None = None
+                  ) -> dict[str, list[tuple[str, str]]]:
+    """word -> [(sphinx phone, output phone name)], from flite (or pocketsphinx's dict).
+
+    Words neither can pronounce are left out (utterances with them are skipped).
+    """
+    known: dict[str, list[list[str]]] = {}
+    if cache is not None and cache.exists():
+        known = json.loads(cache.read_text())
+    use_flite = shutil.which("flite") is not None
+    cmu = None if use_flite else _sphinx_dict()
+    lex: dict[str, list[tuple[str, str]]] = {}
+    for w in sorted(words):
+        if w in known:
+            lex[w] = [tuple(p) for p in known[w]]  # type: ignore[misc]
+            continue
+        pron: list[tuple[str, str]] = []
+        if use_flite:
+            for p in _flite_phones(w) or []:
+                if p in _FLITE_TO_SPHINX:
+                    pron += _FLITE_TO_SPHINX[p]
+                elif p.upper() in _SPHINX:
+                    pron.append((p.upper(), p))
+                else:
+                    pron = []
+                    break
+        else:
+            pron = [(p, p.lower()) for p in (cmu or {}).get(w, []) if p in _SPHINX]
+        if pron:
+            lex[w] = pron
+    if cache is not None:
+        known.update({w: [list(p) for p in pron] for w, pron in lex.items()})
+        cache.write_text(json.dumps(known, indent=0, sort_keys=True))
+    return lex
+
+
+# ------------------------------------------------------------------------ sources
+@dataclass
+class _Item:
+    corpus: str
+    speaker: str
+    sex: str
+    accent: str
+    utt_id: str
+    path: str
+    text: str | None  # None: recognise it
+
+
+def _read_speakers(path: Path) -> dict[str, str]:
+    sexes: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith(";") or "|" not in line:
+            continue
+        parts = [p.strip() for p in line.split("|")]
+        sexes[parts[0]] = parts[1]
+    return sexes
+
+
+def find_items(root: Path) -> list[_Item]:
+    """Every recording under ``root/src`` that a source knows (missing sources skipped)."""
+    items: list[_Item] = []
+    kd = root / KATHLEEN_DIR
+    if kd.is_dir():
+        for wav in sorted(kd.glob("*.wav")):
+            txt = wav.with_suffix(".txt")
+            if txt.exists():
+                items.append(_Item("kathleen", "kathleen", "F", "US", wav.stem, str(wav),
+                                   txt.read_text(encoding="utf-8").strip()))
+    ld = root / LIBRI_DIR
+    for sub in (LIBRI_TEST_OTHER, LIBRI_TRAIN_CLEAN):
+        d = ld / sub
+        if not d.is_dir():
+            continue
+        sexes = _read_speakers(d / "SPEAKERS.TXT")
+        for flac in sorted(d.rglob("*.flac")):
+            spk = flac.stem.split("-")[0]
+            items.append(_Item("librispeech", f"libri-{spk}", sexes.get(spk, ""), "",
+                               flac.stem, str(flac), None))
+    return items
+
+
+def load_audio(path: str) -> np.ndarray:
+    """First channel, 16 kHz float32."""
+    import soundfile as sf
+
+    audio, rate = sf.read(path, dtype="float32", always_2d=True)
+    return resample(audio[:, 0], rate, SAMPLE_RATE)
+
+
+def _pad(audio: np.ndarray) -> np.ndarray:
+    n = int(PAD_S * SAMPLE_RATE)
+    rng = np.random.default_rng(len(audio))
+    noise = lambda: (rng.standard_normal(n) * 3e-5).astype(np.float32)  # noqa: E731
+    return np.concatenate([noise(), audio, noise()])
+
+
+def _pcm(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+# ------------------------------------------------------------------------ workers
+_DECODERS: dict[str, object] = {}
+
+
+def _decoder(kind: str, dict_path: str | None = None):
+    from pocketsphinx import Decoder
+
+    key = f"{kind}:{dict_path}"
+    if key not in _DECODERS:
+        kw = {"samprate": SAMPLE_RATE, "loglevel": "FATAL"}
+        if kind == "align":
+            kw.update(dict=dict_path, bestpath=False)
+        _DECODERS[key] = Decoder(**kw)
+    return _DECODERS[key]
+
+
+def _recognise(path: str) -> str:
+    d = _decoder("asr")
+    audio = _pad(load_audio(path))
+    d.start_utt()
+    d.process_raw(_pcm(audio), full_utt=True)
+    d.end_utt()
+    hyp = d.hyp()
+    words = [] if hyp is None else [re.sub(r"\(\d+\)$", "", w) for w in hyp.hypstr.split()]
+    return " ".join(w for w in words if not w.startswith(("<", "[", "+")))
+
+
+def align(audio: np.ndarray, words: list[str], lex: dict[str, list[tuple[str, str]]],
+          dict_path: str) -> tuple[list[tuple[float, float, str]], float] | None:
+    """Forced alignment of ``words`` to 16 kHz ``audio``: contiguous phones covering the
+    whole audio (``pau`` where silent) and the mean acoustic score per frame; None when
+    pocketsphinx finds no path."""
+    d = _decoder("align", dict_path)
+    pcm = _pcm(audio)
+    d.set_align_text(" ".join(words))
+    d.start_utt()
+    d.process_raw(pcm, full_utt=True)
+    d.end_utt()
+    if d.hyp() is None:
+        return None
+    d.set_alignment()
+    d.start_utt()
+    d.process_raw(pcm, full_utt=True)
+    d.end_utt()
+    seconds = audio.size / SAMPLE_RATE
+    phones: list[tuple[float, float, str]] = []
+    score, frames = 0.0, 0
+    # Walk pocketsphinx's iterators once, in place: keeping them past a step crashes it.
+    for word in d.get_alignment():
+        wname = re.sub(r"\(\d+\)$", "", word.name)
+        segs = [(ph.name, ph.start, ph.duration, ph.score) for ph in word]
+        names = [out for _, out in lex.get(wname, [])]
+        for i, (pname, start, dur, sc) in enumerate(segs):
+            if wname in lex and len(names) == len(segs):
+                name = names[i]
+            elif pname.upper() in _SPHINX:
+                name = pname.lower()
+            else:
+                name = "pau"  # SIL and noise models
+            phones.append((start * FRAME_S, (start + dur) * FRAME_S, name))
+            score += sc
+            frames += dur
+    return _tidy(phones, seconds), score / max(frames, 1)
+
+
+def _tidy(phones: list[tuple[float, float, str]], seconds: float
+          ) -> list[tuple[float, float, str]]:
+    """Contiguous, ordered, within [0, seconds]; neighbouring pauses merged."""
+    out: list[tuple[float, float, str]] = []
+    t = 0.0
+    for s, e, name in sorted(phones):
+        s, e = max(s, t), min(e, seconds)
+        if s > t + 1e-6:
+            out.append((t, s, "pau"))
+        if e <= s:
+            continue
+        if out and name == "pau" and out[-1][2] == "pau":
+            out[-1] = (out[-1][0], e, "pau")
+        else:
+            out.append((s, e, name))
+        t = e
+    if t < seconds - 1e-6:
+        if out and out[-1][2] == "pau":
+            out[-1] = (out[-1][0], seconds, "pau")
+        else:
+            out.append((t, seconds, "pau"))
+    merged: list[tuple[float, float, str]] = []
+    for s, e, name in out:
+        if merged and name == "pau" and merged[-1][2] == "pau":
+            merged[-1] = (merged[-1][0], e, "pau")
+        else:
+            merged.append((s, e, name))
+    return merged
+
+
+def _align_item(args: tuple[_Item, str, str]) -> RealUtterance | str:
+    item, text, dict_path = args
+    lex = _WORKER_LEX
+    words = normalise_words(text)
+    missing = [w for w in words if w not in lex]
+    if not words or missing:
+        return f"{item.utt_id}: no pronunciation for {missing or 'empty text'}"
+    audio = _pad(load_audio(item.path))
+    res = align(audio, words, lex, dict_path)
+    if res is None:
+        return f"{item.utt_id}: pocketsphinx found no alignment"
+    phones, score = res
+    utt = RealUtterance(
+        audio=audio, phones=phones, synth="real", voice=f"{item.corpus}:{item.speaker}",
+        text=" ".join(words), speaker=item.speaker, sex=item.sex, corpus=item.corpus,
+        utt_id=item.utt_id, text_source="prompt" if item.text is not None else "asr",
+        accent=item.accent, align_score=score)
+    return utt
+
+
+_WORKER_LEX: dict[str, list[tuple[str, str]]] = {}
+
+
+def _init_worker(lex: dict[str, list[tuple[str, str]]]) -> None:
+    global _WORKER_LEX
+    _WORKER_LEX = lex
+
+
+# ------------------------------------------------------------------------ prepare/load
+def prepare(root: Path, workers: int = 2, limit: int | None = None,
+            log=print) -> list[RealUtterance]:
+    """Recognise (LibriSpeech), align and cache everything under ``root``."""
+    root = Path(root)
+    items = find_items(root)
+    if limit:
+        # A few of every speaker group, for a quick look.
+        by: dict[str, list[_Item]] = {}
+        for it in items:
+            by.setdefault(it.corpus + it.path.split("/")[-2], []).append(it)
+        items = [it for group in by.values() for it in group[:limit]]
+    if not items:
+        raise FileNotFoundError(f"no recordings under {root / 'src'} (see notes/real_speech.md)")
+    log(f"{len(items)} recordings")
+    asr_cache = root / "asr_text.json"
+    asr = json.loads(asr_cache.read_text()) if asr_cache.exists() else {}
+    todo = [it for it in items if it.text is None and it.utt_id not in asr]
+    t0 = time.time()
+    if todo:
+        log(f"recognising {len(todo)} LibriSpeech recordings (no transcripts ship with them)")
+        with ProcessPoolExecutor(workers) as ex:
+            for it, text in zip(todo, ex.map(_recognise, [it.path for it in todo],
+                                             chunksize=4), strict=True):
+                asr[it.utt_id] = text
+        asr_cache.write_text(json.dumps(asr, indent=0, sort_keys=True))
+        log(f"  {time.time() - t0:.0f} s")
+    texts = {it.utt_id: it.text if it.text is not None else asr.get(it.utt_id, "")
+             for it in items}
+    words = {w for t in texts.values() for w in normalise_words(t)}
+    lex = build_lexicon(words, root / "lexicon.json")
+    dict_path = root / "align.dict"
+    dict_path.write_text("".join(f"{w} {' '.join(s for s, _ in pron)}\n"
+                                 for w, pron in sorted(lex.items())))
+    log(f"lexicon: {len(lex)} of {len(words)} words pronounced")
+    t0 = time.time()
+    utts: list[RealUtterance] = []
+    failed: list[str] = []
+    jobs = [(it, texts[it.utt_id], str(dict_path)) for it in items]
+    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(lex,)) as ex:
+        for res in ex.map(_align_item, jobs, chunksize=8):
+            (failed if isinstance(res, str) else utts).append(res)  # type: ignore[arg-type]
+    log(f"aligned {len(utts)} ({len(failed)} skipped) in {time.time() - t0:.0f} s")
+    for msg in failed[:20]:
+        log("  skipped " + msg)
+    if not limit:
+        with (root / CACHE_NAME).open("wb") as f:
+            pickle.dump({"version": CACHE_VERSION, "utterances": utts, "skipped": failed},
+                        f, protocol=pickle.HIGHEST_PROTOCOL)
+    return utts
+
+
+def load_real_speech(root: str | Path) -> list[RealUtterance]:
+    """The prepared utterances (``--prepare`` makes them); FileNotFoundError if absent."""
+    path = Path(root) / CACHE_NAME
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: run python -m inference.training.real_speech "
+            f"--root {root} --prepare (sources: notes/real_speech.md)")
+    with path.open("rb") as f:
+        data = pickle.load(f)
+    return data["utterances"]
+
+
+def heldout_speakers(utts: list[RealUtterance]) -> set[str]:
+    """Speakers never trained on: LibriSpeech test-other (10) and 8 F + 8 M of the
+    train-clean-100 speakers (lowest speaker numbers of each sex)."""
+    present = {u.speaker for u in utts}
+    held = {s for s in HELDOUT_TEST_OTHER if s in present}
+    clean = sorted({(int(u.speaker.split("-")[1]), u.speaker, u.sex) for u in utts
+                    if u.corpus == "librispeech" and u.speaker not in HELDOUT_TEST_OTHER})
+    for sex in ("F", "M"):
+        held.update([spk for _, spk, sx in clean if sx == sex][:N_HELDOUT_CLEAN_PER_SEX])
+    return held
+
+
+def train_speakers(utts: list[RealUtterance]) -> set[str]:
+    return {u.speaker for u in utts} - heldout_speakers(utts)
+
+
+def split(utts: list[RealUtterance]) -> tuple[list[RealUtterance], list[RealUtterance]]:
+    """(training utterances, held-out utterances): disjoint in speakers."""
+    held = heldout_speakers(utts)
+    return [u for u in utts if u.speaker not in held], [u for u in utts if u.speaker in held]
+
+
+def describe(utts: list[RealUtterance]) -> dict[str, object]:
+    def info(us: list[RealUtterance]) -> dict[str, object]:
+        spk = {u.speaker: u.sex for u in us}
+        return {"utterances": len(us), "minutes": round(sum(u.seconds for u in us) / 60, 1),
+                "speakers": len(spk), "female": sum(s == "F" for s in spk.values()),
+                "male": sum(s == "M" for s in spk.values()),
+                "asr_text": sum(u.text_source == "asr" for u in us)}
+    train, held = split(utts)
+    return {"all": info(utts), "train": info(train), "heldout": info(held)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=os.environ.get("REAL_SPEECH_ROOT", "/work/data/real_speech"))
+    ap.add_argument("--prepare", action="store_true", help="align and cache the recordings")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--limit", type=int, help="only this many per speaker group, not cached")
+    args = ap.parse_args(argv)
+    root = Path(args.root)
+    if args.prepare:
+        utts = prepare(root, args.workers, args.limit)
+    else:
+        utts = load_real_speech(root)
+    print(json.dumps(describe(utts), indent=1))
+
+
+if __name__ == "__main__":
+    # Run the module's own copy, so that pickles name inference.training.real_speech's
+    # classes rather than __main__'s.
+    from inference.training import real_speech as _module
+
+    sys.exit(_module.main())

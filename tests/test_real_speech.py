@@ -1,0 +1,86 @@
+"""The real-speech loader (issue 11) on the prepared data, when this machine has it.
+
+The recordings are not in the repository (see notes/real_speech.md): set
+REAL_SPEECH_ROOT (default /work/data/real_speech) to a root prepared with
+``python -m inference.training.real_speech --root ROOT --prepare``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.training import real_speech as rs
+from inference.training.visemes import _TABLE, _TRANSPARENT
+from inference.tts import SAMPLE_RATE
+
+ROOT = Path(os.environ.get("REAL_SPEECH_ROOT", "/work/data/real_speech"))
+
+
+def test_normalise_words() -> None:
+    assert rs.normalise_words("Author of the danger-trail, Philip's etc.") == [
+        "author", "of", "the", "danger", "trail", "philip's", "etc"]
+
+
+def test_tidy_makes_contiguous_phones() -> None:
+    phones = rs._tidy([(0.1, 0.2, "ax"), (0.2, 0.25, "pau"), (0.25, 0.3, "pau"),
+                       (0.3, 0.9, "t")], 0.5)
+    assert phones[0] == (0.0, 0.1, "pau")
+    assert [p for _, _, p in phones] == ["pau", "ax", "pau", "t"]
+    assert phones[-1][1] == 0.5
+    assert all(a[1] == b[0] for a, b in zip(phones, phones[1:], strict=False))
+
+
+@pytest.fixture(scope="module")
+def utts() -> list[rs.RealUtterance]:
+    if not (ROOT / rs.CACHE_NAME).exists():
+        pytest.skip(f"no prepared real speech at {ROOT / rs.CACHE_NAME} (the recordings are "
+                    "not in the repository: see notes/real_speech.md)")
+    return rs.load_real_speech(ROOT)
+
+
+def test_utterances_are_sane(utts: list[rs.RealUtterance]) -> None:
+    assert len(utts) > 100
+    for u in utts:
+        assert u.audio.dtype == np.float32 and u.audio.ndim == 1
+        assert np.abs(u.audio).max() <= 1.0
+        seconds = u.audio.size / SAMPLE_RATE
+        assert u.phones[0][0] == 0.0 and abs(u.phones[-1][1] - seconds) < 1e-6
+        for (s0, e0, _), (s1, _, _) in zip(u.phones, u.phones[1:], strict=False):
+            assert s0 < e0 <= s1 + 1e-9
+        names = {p for _, _, p in u.phones}
+        assert all(p == p.lower() and not any(c.isdigit() for c in p) for p in names)
+        assert "pau" in names and len(names) > 3
+        # Every phone name is one the viseme table knows (not its fallback).
+        for p in names:
+            assert p in rs._SPHINX_LOWER | {"pau", "ax"}, p
+            assert p in _TABLE or p in _TRANSPARENT, p
+        assert u.speaker and u.synth == "real"
+
+
+def test_silences_are_quieter_than_speech(utts: list[rs.RealUtterance]) -> None:
+    """The aligner puts 'pau' on the quiet parts: a rough check of its timings."""
+    quieter = 0
+    for u in utts:
+        sil, speech = [], []
+        for s, e, p in u.phones:
+            seg = u.audio[int(s * SAMPLE_RATE):int(e * SAMPLE_RATE)]
+            (sil if p == "pau" else speech).append(seg)
+        rms = [10 * np.log10(np.mean(np.concatenate(x).astype(np.float64) ** 2) + 1e-12)
+               for x in (sil, speech)]
+        quieter += rms[0] < rms[1] - 10
+    assert quieter >= 0.95 * len(utts)
+
+
+def test_split_is_disjoint_and_covers_both_sexes(utts: list[rs.RealUtterance]) -> None:
+    train, held = rs.split(utts)
+    tr, he = rs.train_speakers(utts), rs.heldout_speakers(utts)
+    assert tr.isdisjoint(he)
+    assert {u.speaker for u in train} == tr and {u.speaker for u in held} == he
+    assert len(train) + len(held) == len(utts)
+    assert len(he) >= 8
+    assert {u.sex for u in held} >= {"F", "M"}
+    assert sum(u.seconds for u in train) > 3600
