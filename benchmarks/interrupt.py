@@ -18,6 +18,7 @@ import time
 import aiohttp
 import numpy as np
 
+from benchmarks.mouth import mouth_box, mouth_openness
 from benchmarks.sessions import _get, started_server
 from inference.tts import espeak, wav_bytes
 from server.client import run_session
@@ -27,18 +28,9 @@ SENTENCE = ("Let me tell you a rather long story about a lighthouse keeper, who 
             "ship that passed his rock for forty years, and never once left the island.")
 
 
-def _mouth(frames: list[np.ndarray], box: tuple[slice, slice]) -> np.ndarray:
-    return np.array([(f[box].astype(np.float32).mean(axis=2) < 60).mean() for f in frames])
-
-
 def _box(url: str, size: int = 256) -> tuple[slice, slice]:
     """Around the default avatar's mouth, as the end-to-end tests measure it."""
-    geometry = _get(f"{url}/avatars/astronaut")["geometry"][str(size)]
-    half = geometry["mouth_half_width"] * size / 2
-    x = round((geometry["mouth_x"] + 1) * size / 2)
-    y = round((geometry["mouth_y"] + 1) * size / 2)
-    return slice(int(y - 0.8 * half), int(y + 1.4 * half)), slice(int(x - 1.3 * half),
-                                                                   int(x + 1.3 * half))
+    return mouth_box(_get(f"{url}/avatars/astronaut")["geometry"][str(size)], size)
 
 
 async def trial(url: str, wav: bytes, cut_after: float) -> tuple[float, float]:
@@ -69,7 +61,7 @@ async def trial(url: str, wav: bytes, cut_after: float) -> tuple[float, float]:
     arrivals = np.asarray(received.audio.arrivals)
     heard = arrivals[(arrivals > at - 1.0) & (loud > 300)]
     silence = max(0.0, float(heard.max() - at)) if heard.size else float("nan")
-    mouth = _mouth(received.video.data, _box(url))
+    mouth = mouth_openness(received.video.data, _box(url))
     shown = np.asarray(received.video.arrivals)
     open_level = np.percentile(mouth[(shown > at - 2.0) & (shown < at)], 90)
     opened = shown[(shown > at - 1.0) & (mouth > 0.5 * open_level)]

@@ -1,7 +1,7 @@
 """The real-speech loader (issue 11) on the prepared data, when this machine has it.
 
-The recordings are not in the repository (see notes/real_speech.md): set
-REAL_SPEECH_ROOT (default /work/data/real_speech) to a root prepared with
+The recordings are not in the repository (inference/training/real_speech.py says how
+to get them): set REAL_SPEECH_ROOT (default data/real_speech) to a root prepared with
 ``python -m inference.training.real_speech --root ROOT --prepare``.
 """
 
@@ -17,7 +17,7 @@ from inference.training import real_speech as rs
 from inference.training.visemes import _TABLE, _TRANSPARENT
 from inference.tts import SAMPLE_RATE
 
-ROOT = Path(os.environ.get("REAL_SPEECH_ROOT", "/work/data/real_speech"))
+ROOT = Path(os.environ.get("REAL_SPEECH_ROOT", rs.DEFAULT_ROOT))
 
 
 def test_normalise_words() -> None:
@@ -38,7 +38,8 @@ def test_tidy_makes_contiguous_phones() -> None:
 def utts() -> list[rs.RealUtterance]:
     if not (ROOT / rs.CACHE_NAME).exists():
         pytest.skip(f"no prepared real speech at {ROOT / rs.CACHE_NAME} (the recordings are "
-                    "not in the repository: see notes/real_speech.md)")
+                    "not in the repository: inference/training/real_speech.py says how to "
+                    "get them)")
     return rs.load_real_speech(ROOT)
 
 

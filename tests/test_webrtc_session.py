@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.mouth import mouth_box, mouth_openness
 from server.client import Received, run_session
 
 HISTOGRAMS = ("sonic_pipeline_delay_seconds", "sonic_av_offset_seconds")
@@ -21,22 +22,12 @@ def _get(url: str) -> dict:
 
 
 def _mouth_box(server, size: int) -> tuple[slice, slice]:
-    geometry = _get(f"{server.url}/avatars/astronaut")["geometry"][str(size)]
-
-    def px(v: float) -> int:
-        return int(round((v + 1) * size / 2))
-
-    half = geometry["mouth_half_width"] * size / 2
-    x, y = px(geometry["mouth_x"]), px(geometry["mouth_y"])
-    return slice(int(y - 0.8 * half), int(y + 1.4 * half)), slice(int(x - 1.3 * half),
-                                                                   int(x + 1.3 * half))
+    return mouth_box(_get(f"{server.url}/avatars/astronaut")["geometry"][str(size)], size)
 
 
 def _mouth_signal(received: Received, box: tuple[slice, slice]) -> np.ndarray:
-    """How open each frame's mouth looks: the share of dark (cavity) pixels around it.
-    Head sway moves the face but hardly changes this share; an opening mouth does."""
-    return np.array([(f[box].astype(np.float32).mean(axis=2) < 60).mean()
-                     for f in received.video.data])
+    """How open each frame's mouth looks (``benchmarks.mouth``)."""
+    return mouth_openness(received.video.data, box)
 
 
 def _frame_centres(received: Received) -> np.ndarray:

@@ -227,20 +227,19 @@ class Renderer(nn.Module):
         gap_x = (gap_jaw * lens_jaw + gap_round * lens_round) / gap.clamp(min=1e-4)  # (B, W)
         gap_x = gap_x.clamp(max=1.0)
 
-        # The lips part along a line that bends up toward the corners as the portrait's
-        # mouth does (a smile's bite line), so this one term is per pixel, not separable.
-        # In a smile the upper teeth fill most of the parted lips: they meet the lower ones
-        # about 70% of the way down.
+        # The lips part at the bite line: in a smile the upper teeth fill most of the parted
+        # lips, meeting the lower ones about 70% of the way down. The mouth interior follows
+        # that line up toward the corners as the portrait's mouth bends (``split``); the
+        # warp parts the lips along it straight, which the interior covers, because a bent
+        # parting is not separable and cost the GPU 18% more per frame.
         bite = ui + (0.5 + 0.2 * parted) * g0
         bend = (0.5 * (cly + cry) - my) * ((xs - mx) / mw).square().clamp(max=1.0)  # (B, W)
         split = bite + bend
-        ramp = _soft_clamp01((ys[:, :, None] - split[:, None, :])
-                             * (1.0 / gap.clamp(min=1e-4))[:, :, None] + share[:, :, None], 0.12)
+        ramp = _soft_clamp01((ys - bite) / gap.clamp(min=1e-4) + share, 0.12)
         lip_bottom = lo + (1.0 - share) * gap
         to_jaw = _smoothstep(lip_bottom + 0.05 * mc, lip_bottom + 0.45 * mc, ys)
         lift = share * _smoothstep(my - 0.55 * mc, my, ys)  # (B, H)
-        gap_yx = (gap * (1.0 - to_jaw))[:, :, None] * (ramp - lift[:, :, None]) * (
-            gap_x[:, None, :])  # (B, H, W): the lips' parting, downward
+        gap_y = gap * (1.0 - to_jaw) * (ramp - lift)
 
         # The jaw: from below the lower lip to the chin everything drops by the chin travel,
         # across the jaw's width; under the chin the neck compresses instead of tearing.
@@ -326,6 +325,7 @@ class Renderer(nn.Module):
             [
                 ys.expand(batch, -1),
                 head_y,
+                gap_y,
                 chin_y,
                 shut_y,
                 corner_band,
@@ -341,6 +341,7 @@ class Renderer(nn.Module):
             [
                 ones_x,
                 -head_x * (ty + roll * (xs - pivot_x)),
+                -gap_x,
                 -chin_x,
                 shut_x,
                 -corner_x,
@@ -352,7 +353,7 @@ class Renderer(nn.Module):
             ],
             dim=1,
         )
-        grid = torch.stack([a_x @ b_x, a_y @ b_y - gap_yx], dim=3)  # (B, H, W, 2)
+        grid = torch.stack([a_x @ b_x, a_y @ b_y], dim=3)  # (B, H, W, 2)
         warped = F.grid_sample(
             portrait, grid, mode="bilinear", padding_mode="border", align_corners=False
         )
@@ -368,39 +369,48 @@ class Renderer(nn.Module):
         gap_half = (0.5 * gap_col).clamp(min=1e-4)
         centre_y = split + (0.5 - share) * gap_col
         v = (ys[:, :, None] - centre_y[:, None, :]) * (1.0 / gap_half)[:, None, :]  # (B, H, W)
-        feather = (3.0 * pixel / gap_half).clamp(0.15, 1.0)[:, None, :]
+        # Everything below is a linear ramp in v with per-column ends (cheaper than
+        # smoothsteps at full resolution, and as smooth as a colour ramp needs).
+        feather = (3.0 * pixel / gap_half).clamp(0.15, 1.0)  # (B, W)
         visible = _smoothstep(0.5 * pixel, 3.0 * pixel, gap_col) * _smoothstep(0.0, 0.25, gap_x)
-        alpha = _smoothstep(1.0, 1.0 - feather, v.abs()) * visible[:, None, :]
+        alpha = ((1.0 - v.abs()) * (1.0 / feather)[:, None, :]).clamp(0.0, 1.0) * (
+            visible[:, None, :])
 
         lips, skin = self._colours(portrait, mx, uo, ui, li, lo, nose_y)  # (B, 3) each
         edge = 1.0 - _smoothstep(0.35, 0.95, u_mouth.abs())  # (B, W): the corners in shadow
-        from_top = (v + 1.0) * gap_half[:, None, :]  # distances into the opening
-        from_bottom = (1.0 - v) * gap_half[:, None, :]
-        upper_band = (self.teeth_upper * mw)[:, :, None]
-        lower_band = (self.teeth_lower * mw)[:, :, None]
+        # Teeth: an upper band under the upper lip (fading over its last 45%), a dimmer
+        # lower one above the lower lip once wide open; distances into the opening are
+        # (1 + v) and (1 - v) times gap_half.
+        upper_band = self.teeth_upper * mw  # (B, 1)
+        lower_band = self.teeth_lower * mw
+        up_scale = gap_half / (0.45 * upper_band)  # (B, W)
+        upper = ((upper_band - gap_half) / (0.45 * upper_band))[:, None, :] - v * up_scale[
+            :, None, :]
+        low_scale = gap_half / (0.6 * lower_band)
+        lower = ((lower_band - gap_half) / (0.6 * lower_band))[:, None, :] + v * low_scale[
+            :, None, :]
         teeth_amt = ((1.0 - parted) * (1.0 - funnel) * (1.0 - 0.6 * pucker)
                      * _smoothstep(0.1, 0.35, jaw))  # (B, 1)
         teeth_x = (1.0 - _smoothstep(0.35, 0.75, u_mouth.abs())) * teeth_amt  # (B, W)
-        upper = 1.0 - _smoothstep(0.55 * upper_band, upper_band, from_top)
-        lower = (0.6 - 0.6 * _smoothstep(0.4 * lower_band, lower_band, from_bottom)) * (
-            _smoothstep(0.45, 0.9, jaw)[:, :, None])
-        teeth = torch.maximum(upper, lower) * teeth_x[:, None, :]  # (B, H, W)
-        tongue = 0.85 * _smoothstep(-0.2, 0.75, v) * ((1.0 - 0.7 * funnel)[:, :, None]
-                                                      * edge[:, None, :])
-        # Shadow under the upper lip and teeth, and toward the corners.
-        shade = (0.5 + 0.5 * edge)[:, None, :] * (0.7 + 0.3 * _smoothstep(-1.0, 0.3, v))
-        teeth_lit = (0.82 + 0.18 * edge)[:, None, :] * (
-            0.85 + 0.15 * _smoothstep(0.0, 0.6 * upper_band, from_top))
+        wide = 0.6 * _smoothstep(0.45, 0.9, jaw)  # (B, 1)
+        teeth = torch.maximum(upper.clamp(0.0, 1.0), lower.clamp(0.0, 1.0) * wide[:, :, None]
+                              ) * teeth_x[:, None, :]  # (B, H, W)
+        # Tongue low in the mouth; shadow under the upper lip and teeth, and in the corners.
+        tongue = ((v + 0.1) * (1.0 / 0.95)).clamp(0.0, 1.0) * (
+            0.75 * (1.0 - 0.7 * funnel) * edge)[:, None, :]
+        shade = ((v + 1.0) * (0.3 / 1.3)).clamp(0.0, 0.3) + 0.7
+        shade = shade * (0.5 + 0.5 * edge)[:, None, :]
 
         def per_channel(col: Tensor) -> Tensor:
             return col[:, :, None, None]  # (B, 3, 1, 1)
 
         deep = per_channel(0.3 * lips * self.cavity_tint)
-        tongue_col = per_channel(0.9 * lips * self.cavity_tint)
+        tongue_col = per_channel(0.6 * lips * self.cavity_tint)
         bright = (0.3 * skin.max(dim=1, keepdim=True).values + 0.66) * self.teeth_tint
         teeth_col = per_channel(0.75 * bright + 0.25 * (1.1 * skin).clamp(max=1.0))
+        teeth_lit = (0.82 + 0.18 * edge)[:, None, None, :]  # (B, 1, 1, W)
         fill = (deep + (tongue_col - deep) * tongue[:, None]) * shade[:, None]
-        fill = fill + (teeth_col * teeth_lit[:, None] - fill) * teeth[:, None]
+        fill = fill + (teeth_col * teeth_lit - fill) * teeth[:, None]
         return warped + (fill - warped) * alpha[:, None]
 
     @staticmethod

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-train", type=int, default=1600)
     ap.add_argument("--n-eval", type=int, default=160)
     ap.add_argument("--n-festival", type=int, default=800)
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--seed", type=int, default=0)
