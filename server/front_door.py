@@ -309,9 +309,13 @@ def _worst(answers: list[tuple[WorkerProcess, int, bytes, dict[str, str]]]
     return max(answers, key=lambda a: a[1])[1:]
 
 
+#: A worker's answer headers that the front door passes on.
+RELAYED_HEADERS = frozenset({"content-type", "retry-after", "www-authenticate", "location",
+                             "link", "allow", "accept-post", "x-session-id", "x-viewer-token"})
+
+
 def _relay(status: int, body: bytes, headers: dict[str, str]) -> web.Response:
-    kept = {k: v for k, v in headers.items()
-            if k.lower() in ("content-type", "retry-after", "www-authenticate")}
+    kept = {k: v for k, v in headers.items() if k.lower() in RELAYED_HEADERS}
     return web.Response(status=status, body=body, headers=kept)
 
 
@@ -503,13 +507,33 @@ async def interrupt(request: web.Request) -> web.Response:
     return await _forward(_holder(request, request.match_info["session_id"]), request)
 
 
+@routes.options("/whip")
+async def whip_options(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Accept-Post": "application/sdp",
+                                             "Allow": "OPTIONS, POST"})
+
+
+@routes.post("/whip")
+async def whip_publish(request: web.Request) -> web.Response:
+    """A WHIP publisher: placed like any new session (its size is a query parameter)."""
+    return await _place(request, {"size": request.rel_url.query.get("size")})
+
+
+@routes.route("*", "/whip/{session_id}")
+async def whip_resource(request: web.Request) -> web.Response:
+    return await _forward(_holder(request, request.match_info["session_id"]), request)
+
+
 async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
-    """A new session, on the worker placement picks (``POST /offer``, ``POST /sessions``)."""
+    """A new session, on the worker placement picks (``POST /offer``, ``POST /sessions``,
+    ``POST /whip``)."""
     door = _door(request)
     request.app[access_key].caller(request)  # no place is held for a caller without a key
     options = body.get("options")
     options = options if isinstance(options, dict) else {}  # the worker names the problem
     size = options.get("size", body.get("size", door.settings.video.size))
+    if isinstance(size, str) and size.isdigit():
+        size = int(size)
     if size not in door.settings.video.allowed_sizes:
         size = door.settings.video.size  # the worker names the problem
     try:

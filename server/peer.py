@@ -20,7 +20,7 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
-from aiortc.mediastreams import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, unpack_remb_fci
 from aiortc.sdp import SessionDescription
@@ -72,10 +72,10 @@ def pin_host_addresses(addresses: list[str]) -> None:
 
 
 def check_offer(sdp: object, kind: object, *, motion_only: bool = False,
-                viewer: bool = False) -> str:
+                viewer: bool = False, publisher: bool = False) -> str:
     """The offer's SDP if it can drive a session; otherwise an ``OfferError`` naming why.
     A motion-only session needs a data channel instead of a video m-line; a ``viewer``
-    sends nothing, and must receive the audio."""
+    sends nothing, and must receive the audio; a ``publisher`` (WHIP) only sends."""
     if kind != "offer":
         raise OfferError("not_an_offer", f'"type" must be "offer", got {kind!r}')
     if not isinstance(sdp, str) or not sdp.strip():
@@ -102,7 +102,9 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False,
             raise OfferError("no_audio", "a viewer's offer must ask to receive audio")
     elif not any(m.direction in ("sendrecv", "sendonly") for m in audio):
         raise OfferError("no_audio", "the offer must send one audio track (the driving speech)")
-    if motion_only:
+    if publisher:
+        pass
+    elif motion_only:
         if not any(m.kind == "application" and m.port != 0 for m in parsed.media):
             raise OfferError("no_data_channel", "a motion-only session sends its coefficients "
                              'on a data channel: the offer must open one ("coefficients")')
@@ -149,6 +151,14 @@ def allowed_candidates(sdp: str, ice: IceSettings) -> tuple[str, int]:
             continue
         kept.append(line)
     return "".join(kept), dropped
+
+
+async def _drain(track: MediaStreamTrack) -> None:
+    try:
+        while True:
+            await track.recv()
+    except MediaStreamError:
+        pass
 
 
 def _hear_reports(sender: RTCRtpSender, session: Session) -> None:
@@ -201,15 +211,19 @@ def _prefer_codec(pc: RTCPeerConnection, codec: str, *, only: bool = False) -> N
 
 
 async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: str,
-                       on_gone: Callable[[str], object]) -> RTCPeerConnection:
+                       on_gone: Callable[[str], object], publisher: bool = False
+                       ) -> RTCPeerConnection:
     """Answer an offer for ``session``: its audio feeds the session, its receivers get a
-    fresh pair of viewer tracks. ``on_gone(reason)`` is called when the peer leaves."""
+    fresh pair of viewer tracks (a ``publisher``, which only sends, gets none).
+    ``on_gone(reason)`` is called when the peer leaves."""
     pc = RTCPeerConnection(rtc_configuration(ice))
 
     @pc.on("track")
-    def on_track(track: object) -> None:
-        if getattr(track, "kind", None) == "audio":
-            session.add_audio_source(track)  # type: ignore[arg-type]
+    def on_track(track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            session.add_audio_source(track)
+        else:  # a publisher's camera, say: read and dropped, or aiortc would queue it all
+            asyncio.get_running_loop().create_task(_drain(track))
 
     @pc.on("datachannel")
     def on_datachannel(channel: RTCDataChannel) -> None:
@@ -235,6 +249,12 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
                  session.id, dropped)
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        if publisher:  # its audio only: a camera it offers is declined, not decoded
+            for transceiver in pc.getTransceivers():
+                if transceiver.kind != "audio":
+                    transceiver.direction = "inactive"
+            await pc.setLocalDescription(await pc.createAnswer())
+            return pc
         # VP8 is encoded once per session for every viewer, so VP8 alone is answered.
         shared = codec.upper() == "VP8" and not session.motion_only
         audio_out, video_out = session.viewer_tracks(shared=shared)

@@ -93,7 +93,7 @@ class Session:
     def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
                  settings: SessionSettings, fps: int, manifest: Manifest,
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
-                 hosted: bool = False, owner: str | None = None,
+                 hosted: bool = False, published: bool = False, owner: str | None = None,
                  encoder_speed: int = 12) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
@@ -101,7 +101,10 @@ class Session:
         #: Made by ``POST /sessions``: no peer of its own; speech is pushed into ``speech``,
         #: viewers attach with ``token``, and it lives until ended or left idle.
         self.hosted = hosted
-        self.token = secrets.token_urlsafe(24) if hosted else None
+        #: Made by ``POST /whip``: a publisher's audio drives it (as a peer's does), and
+        #: viewers attach with ``token`` (as to a hosted one).
+        self.published = published
+        self.token = secrets.token_urlsafe(24) if hosted or published else None
         #: No video: each frame's coefficients on the data channel, and the audio back.
         self.motion_only = motion_only
         self.avatar = avatar
@@ -333,7 +336,7 @@ class Session:
 
     def _submit_ready_frames(self) -> None:
         for i, mel in self._windows.ready():
-            if not self._viewers_started or (self.hosted and not self._watched()):
+            if not self._viewers_started or (self.token and not self._watched()):
                 continue  # nobody is watching: keep the timeline, skip the compute
             self._submit(i, mel)
             self._frames.pop(i - KEEP_FRAMES, None)
@@ -487,6 +490,10 @@ class Session:
             "avatar": self.avatar.avatar_id,
             "size": self.avatar.size,
             "motion_only": self.motion_only,
+            # What viewers attach with, shown to whoever may drive the session (a WHIP
+            # publisher's operator learns it here: the encoder keeps the answer's headers).
+            "token": self.token,
+            "published": self.published,
             "created": self.created,
             "options": dict(self.options.values),
             "stats": self.stats(),

@@ -92,7 +92,7 @@ class SessionManager:
 
     async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
                      motion_only: bool = False, hosted: bool = False,
-                     owner: str | None = None) -> Session:
+                     published: bool = False, owner: str | None = None) -> Session:
         """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
         limits = self.settings.session
         most, kind = (limits.max_motion_sessions, "motion-only ") if motion_only \
@@ -115,7 +115,8 @@ class SessionManager:
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, inference=self.inference,
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
-                          owner=owner, encoder_speed=self.settings.video.encoder_speed)
+                          published=published, owner=owner,
+                          encoder_speed=self.settings.video.encoder_speed)
         self._sessions[session.id] = session
         self._peers[session.id] = []
         session.on_close(self._forget)

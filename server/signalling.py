@@ -11,7 +11,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import cv2
@@ -77,6 +77,10 @@ def host_check(allowed: frozenset[str] | None) -> Any:
     return check
 
 
+#: Answer headers a page on another origin may read (WHIP's resource and links).
+EXPOSED_HEADERS = "Location, Link, Accept-Post, X-Session-Id, X-Viewer-Token"
+
+
 def cors(origins: list[str]) -> Any:
     """Pages of ``origins`` may call the API from a browser: preflights are answered and
     answers carry the CORS headers. Others get no CORS headers, so their pages cannot read
@@ -89,11 +93,12 @@ def cors(origins: list[str]) -> Any:
         if origin is None or not ({origin, "*"} & allowed):
             return await handler(request)
         headers = {"Access-Control-Allow-Origin": "*" if "*" in allowed else origin,
-                   "Vary": "Origin"}
+                   "Access-Control-Expose-Headers": EXPOSED_HEADERS, "Vary": "Origin"}
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return web.Response(status=204, headers={
                 **headers, "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE",
                 "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Expose-Headers": EXPOSED_HEADERS,
                 "Access-Control-Max-Age": "600"})
         try:
             response = await handler(request)
@@ -276,12 +281,13 @@ def _new_session(state: ServerState, body: dict[str, Any]
 
 
 async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, bool],
-                   owner: str | None, *, hosted: bool = False) -> Session:
+                   owner: str | None, *, hosted: bool = False, published: bool = False
+                   ) -> Session:
     avatar_id, size, options, motion_only = spec
     try:
         state.avatars.get(avatar_id, owner)  # another key's private portrait is not there
         return await state.sessions.create(avatar_id, size, options, motion_only=motion_only,
-                                           hosted=hosted, owner=owner)
+                                           hosted=hosted, published=published, owner=owner)
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
     except AtCapacity as exc:
@@ -334,9 +340,10 @@ async def _attach_viewer(state: ServerState, body: dict[str, Any]) -> web.Respon
     session = state.sessions.get(session_id) if isinstance(session_id, str) else None
     if session is None:
         fail(404, "unknown_session", f"no live session {session_id!r}")
-    if not session.hosted or not isinstance(token, str) or session.token is None or \
+    if not isinstance(token, str) or session.token is None or \
             not hmac.compare_digest(token, session.token):
-        fail(403, "bad_token", "a viewer needs the token POST /sessions gave for this session")
+        fail(403, "bad_token", "a viewer needs the token POST /sessions (or POST /whip) gave "
+             "for this session")
     try:
         sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=session.motion_only,
                           viewer=True)
@@ -358,6 +365,91 @@ async def _attach_viewer(state: ServerState, body: dict[str, Any]) -> web.Respon
     state.sessions.add_peer(session, pc)
     return web.json_response({"sdp": pc.localDescription.sdp,
                               "type": pc.localDescription.type, "session_id": session.id})
+
+
+# ---- WHIP (RFC 9725): an encoder or SFU pushes the speech, viewers attach ---------------
+
+WHIP_SDP = "application/sdp"
+
+
+def _whip_spec(state: ServerState, query: Mapping[str, str]
+               ) -> tuple[str, int, SessionOptions, bool]:
+    """The new session a WHIP URL asks for: ``avatar`` and ``size`` and the knobs (each by
+    name) as query parameters, since the body is the SDP."""
+    options: dict[str, Any] = {}
+    for name, value in query.items():
+        if name in ("avatar", "size"):
+            continue
+        try:
+            options[name] = float(value)
+        except ValueError:
+            fail(400, "invalid_options", f"{name}={value!r} must be a number")
+    body: dict[str, Any] = {"avatar": query.get("avatar"), "options": options}
+    if "size" in query:
+        try:
+            body["size"] = int(query["size"])
+        except ValueError:
+            fail(400, "invalid_options", f"size={query['size']!r} must be a whole number")
+    return _new_session(state, body)
+
+
+@routes.options("/whip")
+async def whip_options(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Accept-Post": WHIP_SDP,
+                                             "Allow": "OPTIONS, POST"})
+
+
+@routes.post("/whip")
+async def whip_publish(request: web.Request) -> web.Response:
+    """A publisher's offer (``Content-Type: application/sdp``): its audio drives a new
+    session, which viewers watch with the token (``POST /offer`` or the web page). The
+    answer's ``Location`` is the session's WHIP resource; ``Link`` headers name the
+    session and the viewer page. The publisher leaving, or ``DELETE``, ends it."""
+    state = _state(request)
+    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if media_type != WHIP_SDP:
+        fail(415, "unsupported_media_type", f"a WHIP offer is {WHIP_SDP}, not "
+             f"{media_type or 'untyped'}")
+    owner = _caller(request)
+    spec = _whip_spec(state, request.rel_url.query)
+    text = await read_body(request, request.text())
+    try:
+        sdp = check_offer(text, "offer", publisher=True)
+    except OfferError as exc:
+        fail(400, exc.code, str(exc))
+    session = await _created(state, spec, owner, published=True)
+    try:
+        pc = await answer_offer(session, sdp, ice=state.settings.ice,
+                                codec=state.settings.video.codec, on_gone=session.close_soon,
+                                publisher=True)
+    except Exception as exc:
+        await session.close("offer rejected")
+        log.info("WHIP offer rejected: %s", exc)
+        fail(400, "bad_offer", f"the offer could not be answered: {exc}")
+    state.sessions.add_peer(session, pc)
+    viewer = f"/?session={session.id}&token={session.token}"
+    return web.Response(status=201, text=pc.localDescription.sdp, content_type=WHIP_SDP,
+                        headers={"Location": f"/whip/{session.id}",
+                                 "Link": f'</sessions/{session.id}>; rel="related", '
+                                         f'<{viewer}>; rel="alternate"; title="viewer page"',
+                                 "X-Session-Id": session.id,
+                                 "X-Viewer-Token": session.token or ""})
+
+
+@routes.delete("/whip/{session_id}")
+async def whip_end(request: web.Request) -> web.Response:
+    session = _session(request)
+    if not session.published:
+        fail(404, "unknown_session", f"{session.id} is not a WHIP session")
+    await session.close("publisher hung up")
+    return web.Response(status=200)
+
+
+@routes.route("PATCH", "/whip/{session_id}")
+async def whip_patch(request: web.Request) -> web.Response:
+    """No trickle ICE or ICE restart: the offer carries its candidates (RFC 9725 4.3)."""
+    _session(request)
+    raise web.HTTPMethodNotAllowed("PATCH", ["DELETE"])
 
 
 @routes.post("/sessions/{session_id}/speech")

@@ -32,6 +32,7 @@ async def test_without_a_key_control_routes_are_401(keyed):
         for method, path, kwargs in (
                 ("POST", "/sessions", {"json": {}}),
                 ("POST", "/offer", {"json": {"sdp": "v=0", "type": "offer"}}),
+                ("POST", "/whip", {"data": b"v=0", "headers": {"Content-Type": "application/sdp"}}),
                 ("GET", "/sessions", {}),
                 ("GET", "/metrics", {}),
                 ("POST", "/avatars", {"data": b"x", "headers": {"Content-Type": "image/png"}})):
