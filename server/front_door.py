@@ -520,7 +520,11 @@ async def whip_publish(request: web.Request) -> web.Response:
 
 
 @routes.route("*", "/whip/{session_id}")
-async def whip_resource(request: web.Request) -> web.Response:
+@routes.route("*", "/sessions/{session_id}/whep")
+@routes.route("*", "/sessions/{session_id}/whep/{viewer_id}")
+async def held_resource(request: web.Request) -> web.Response:
+    """A WHIP session's resource, a session's WHEP endpoint and its viewers: the worker
+    holding the session answers."""
     return await _forward(_holder(request, request.match_info["session_id"]), request)
 
 

@@ -43,7 +43,9 @@ class SessionManager:
         self.avatars = avatars
         self.metrics = metrics
         self._sessions: dict[str, Session] = {}
-        self._peers: dict[str, list[RTCPeerConnection]] = {}
+        #: Per session, its peer connections by an id of their own (a WHEP viewer's
+        #: resource names one).
+        self._peers: dict[str, dict[str, RTCPeerConnection]] = {}
         self._reserved: list[tuple[int, bool]] = []  # (size, motion-only) being created
 
     def __len__(self) -> int:
@@ -118,18 +120,27 @@ class SessionManager:
                           published=published, owner=owner,
                           encoder_speed=self.settings.video.encoder_speed)
         self._sessions[session.id] = session
-        self._peers[session.id] = []
+        self._peers[session.id] = {}
         session.on_close(self._forget)
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.set(len(self._sessions))
         return session
 
-    def add_peer(self, session: Session, pc: RTCPeerConnection) -> None:
-        self._peers.setdefault(session.id, []).append(pc)
+    def add_peer(self, session: Session, pc: RTCPeerConnection) -> str:
+        """Keep ``pc`` until it or its session goes; the id it is known by."""
+        peer_id = uuid.uuid4().hex
+        self._peers.setdefault(session.id, {})[peer_id] = pc
+        return peer_id
+
+    def peer(self, session_id: str, peer_id: str) -> RTCPeerConnection | None:
+        return self._peers.get(session_id, {}).get(peer_id)
+
+    def drop_peer(self, session_id: str, peer_id: str) -> None:
+        self._peers.get(session_id, {}).pop(peer_id, None)
 
     async def _forget(self, session: Session) -> None:
         self._sessions.pop(session.id, None)
-        peers = self._peers.pop(session.id, [])
+        peers = self._peers.pop(session.id, {}).values()
         self.avatars.release(session.avatar)
         reason = (session.close_reason or "closed").split(":")[0]
         self.metrics.sessions_closed.labels(reason=reason).inc()

@@ -335,36 +335,45 @@ async def offer(request: web.Request) -> web.Response:
 
 async def _attach_viewer(state: ServerState, body: dict[str, Any]) -> web.Response:
     """A receive-only offer with ``session_id`` and ``token``: one more viewer of a session
-    made by ``POST /sessions``. A viewer leaving ends nothing but its own connection."""
-    session_id, token = body.get("session_id"), body.get("token")
+    made by ``POST /sessions`` or ``POST /whip``. A viewer leaving ends nothing but its own
+    connection."""
+    session_id = body.get("session_id")
     session = state.sessions.get(session_id) if isinstance(session_id, str) else None
     if session is None:
         fail(404, "unknown_session", f"no live session {session_id!r}")
+    pc, _ = await _viewer(state, session, body.get("token"), body.get("sdp"), body.get("type"))
+    return web.json_response({"sdp": pc.localDescription.sdp,
+                              "type": pc.localDescription.type, "session_id": session.id})
+
+
+async def _viewer(state: ServerState, session: Session, token: object, sdp: object,
+                  kind: object) -> tuple[RTCPeerConnection, str]:
+    """Answer a viewer's offer, if ``token`` is the session's: the connection and its id."""
     if not isinstance(token, str) or session.token is None or \
             not hmac.compare_digest(token, session.token):
         fail(403, "bad_token", "a viewer needs the token POST /sessions (or POST /whip) gave "
              "for this session")
     try:
-        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=session.motion_only,
-                          viewer=True)
+        offer = check_offer(sdp, kind, motion_only=session.motion_only, viewer=True)
     except OfferError as exc:
         fail(400, exc.code, str(exc))
     pc: RTCPeerConnection | None = None
+    peer_id = ""
 
     def gone(reason: str) -> None:
         log.info("viewer of session %s left: %s", session.id, reason)
+        state.sessions.drop_peer(session.id, peer_id)
         if pc is not None:
             asyncio.get_running_loop().create_task(pc.close())
 
     try:
-        pc = await answer_offer(session, sdp, ice=state.settings.ice,
+        pc = await answer_offer(session, offer, ice=state.settings.ice,
                                 codec=state.settings.video.codec, on_gone=gone)
     except Exception as exc:
         log.info("viewer offer rejected: %s", exc)
         fail(400, "bad_offer", f"the offer could not be answered: {exc}")
-    state.sessions.add_peer(session, pc)
-    return web.json_response({"sdp": pc.localDescription.sdp,
-                              "type": pc.localDescription.type, "session_id": session.id})
+    peer_id = state.sessions.add_peer(session, pc)
+    return pc, peer_id
 
 
 # ---- WHIP (RFC 9725): an encoder or SFU pushes the speech, viewers attach ---------------
@@ -450,6 +459,50 @@ async def whip_patch(request: web.Request) -> web.Response:
     """No trickle ICE or ICE restart: the offer carries its candidates (RFC 9725 4.3)."""
     _session(request)
     raise web.HTTPMethodNotAllowed("PATCH", ["DELETE"])
+
+
+# ---- WHEP: viewers of a session through the standard exchange ---------------------------
+
+@routes.options("/sessions/{session_id}/whep")
+async def whep_options(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Accept-Post": WHIP_SDP,
+                                             "Allow": "OPTIONS, POST"})
+
+
+@routes.post("/sessions/{session_id}/whep")
+async def whep_view(request: web.Request) -> web.Response:
+    """A WHEP viewer: a receive-only SDP offer, the session's viewer token as its bearer
+    token (or ``?token=``). 201 with the answer and ``Location``, this viewer's resource:
+    ``DELETE`` it to leave."""
+    state = _state(request)
+    session_id = request.match_info["session_id"]
+    session = state.sessions.get(session_id)
+    if session is None:
+        fail(404, "unknown_session", f"no live session {session_id!r}")
+    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if media_type != WHIP_SDP:
+        fail(415, "unsupported_media_type", f"a WHEP offer is {WHIP_SDP}, not "
+             f"{media_type or 'untyped'}")
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    token = bearer.strip() if scheme.lower() == "bearer" else request.rel_url.query.get("token")
+    text = await read_body(request, request.text())
+    pc, peer_id = await _viewer(state, session, token, text, "offer")
+    return web.Response(status=201, text=pc.localDescription.sdp, content_type=WHIP_SDP,
+                        headers={"Location": f"/sessions/{session.id}/whep/{peer_id}"})
+
+
+@routes.route("*", "/sessions/{session_id}/whep/{viewer_id}")
+async def whep_viewer(request: web.Request) -> web.Response:
+    """``DELETE``: this viewer leaves (the session goes on). ``PATCH`` is 405: no trickle
+    ICE. Knowing the resource's URL is the viewer's credential, as in WHEP."""
+    state = _state(request)
+    pc = state.sessions.peer(request.match_info["session_id"], request.match_info["viewer_id"])
+    if pc is None:
+        fail(404, "unknown_viewer", "no such viewer of a live session")
+    if request.method != "DELETE":
+        raise web.HTTPMethodNotAllowed(request.method, ["DELETE"])
+    await pc.close()
+    return web.Response(status=200)
 
 
 @routes.post("/sessions/{session_id}/speech")
