@@ -10,6 +10,7 @@ command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v chromium >/dev/null || need+=(chromium chromium-driver)
 command -v flite >/dev/null || need+=(flite)
 command -v festival >/dev/null || need+=(festival)
+command -v turnserver >/dev/null || need+=(coturn)  # the TURN test's relay
 [ -d /usr/share/festival/voices/english/kal_diphone ] || need+=(festvox-kallpc16k)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq

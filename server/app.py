@@ -22,6 +22,7 @@ from server.encoding import use_realtime_vp8
 from server.load import LoopLoad
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
+from server.ports import bind_udp_in_range
 from server.sessions import SessionManager
 from server.signalling import allowed_hosts, cors, host_check, json_errors, routes
 from server.state import ServerState, access_key, metrics_key, settings_key, state_key
@@ -121,6 +122,8 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pin_host_addresses(settings.ice.host_addresses)
+        if settings.ice.udp_ports:
+            bind_udp_in_range(asyncio.get_running_loop(), *settings.ice.udp_ports)
         use_realtime_vp8(settings.video.encoder_speed)
         # One frame's colour conversion is too small to share out: OpenCV's thread pool
         # then spins a thread per core for each frame, in every worker at once.

@@ -209,15 +209,17 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                       hang_up: bool = True, coefficients: bool = False,
                       audio: MediaStreamTrack | None = None,
                       network: Impairment | None = None,
-                      view: tuple[str, str] | None = None) -> Received:
+                      view: tuple[str, str] | None = None,
+                      configuration: RTCConfiguration | None = None) -> Received:
     """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
     ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
     sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
     video, only coefficients; with ``network``, the datagrams cross a bad network. With
     ``view=(session_id, token)`` it sends nothing: it watches a session made by
-    ``POST /sessions``, and leaves it running."""
+    ``POST /sessions``, and leaves it running. ``configuration``: the client's own ICE
+    servers and policy (none by default)."""
     motion_only = bool(options and options.get("motion_only"))
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
     if view is not None:
         pc.addTransceiver("audio", direction="recvonly")
         hang_up = False

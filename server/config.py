@@ -99,6 +99,9 @@ class IceSettings:
         "(cloud metadata at 169.254.169.254), unspecified and multicast by default")
     mdns: bool = setting(False, "accept .local (mDNS) host names in an offer's candidates; "
                          "other names are never resolved")
+    udp_ports: list[int] = setting([], "[low, high]: media (ICE host candidates) binds only "
+                                   "UDP ports in this range, for firewalls and containers; "
+                                   "empty: any port", low=1024, high=65535)
 
 
 @dataclass
@@ -224,6 +227,9 @@ class Settings:
             (all(_is_network(r) for r in self.ice.blocked_ranges),
              f"ice.blocked_ranges={self.ice.blocked_ranges}: each must be an address range "
              "such as 169.254.0.0/16"),
+            (not self.ice.udp_ports or (len(self.ice.udp_ports) == 2
+                                        and self.ice.udp_ports[0] <= self.ice.udp_ports[1]),
+             f"ice.udp_ports={self.ice.udp_ports}: give two ports, low then high"),
             (self.session.jitter_ms + 20 < self.session.max_buffer_ms,
              f"session.jitter_ms={self.session.jitter_ms} plus a 20 ms chunk must be below "
              f"session.max_buffer_ms={self.session.max_buffer_ms}"),
