@@ -1,4 +1,4 @@
-# CPU image: serves the shipped sonic-lite model on ONNX Runtime.
+# CPU image: the README's default (the shipped sonic-lite model on ONNX Runtime).
 FROM python:3.11-slim
 
 WORKDIR /app
@@ -8,9 +8,15 @@ COPY inference ./inference
 COPY engines ./engines
 COPY configs ./configs
 COPY static ./static
+# The README's install step, then librosa's one-off compilation, so the first session
+# does not pay for it.
 RUN pip install --no-cache-dir . \
     && python -c "import librosa; librosa.filters.mel(sr=16000, n_fft=512, n_mels=80)"
 
-EXPOSE 8080/tcp
-# WebRTC media uses UDP on ephemeral ports: run with --network host, or pin ICE host addresses.
-CMD ["python", "-m", "server", "--host", "0.0.0.0", "--port", "8080"]
+# HTTP, and media on a fixed UDP range (ice.udp_ports), so both can be published:
+#   docker run -p 8080:8080 -p 40000-40099:40000-40099/udp IMAGE
+# Peers outside the container's network need the container's address reachable
+# (--network host) or a TURN server (compose.yaml runs coturn beside it).
+EXPOSE 8080/tcp 40000-40099/udp
+ENTRYPOINT ["python", "-m", "server", "--host", "0.0.0.0", "--port", "8080", \
+            "--set", "ice.udp_ports=40000,40099"]

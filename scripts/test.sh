@@ -24,6 +24,7 @@ if ! python3 -m pip install -q 'torch==2.13.0'; then
   echo "PyTorch 2.13.0 is not installable here: the model's own tests will skip"
 fi
 python3 -m ruff check server inference tests benchmarks examples
+hadolint Dockerfile Dockerfile.gpu  # no container engine here: the images are linted, not built
 mkdir -p out
 # -rs: every skip prints its reason.
 python3 -m pytest -q -rs -p no:cacheprovider "$@"
