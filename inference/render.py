@@ -22,6 +22,7 @@ import numpy as np
 from inference.engine import KNOBS, Engine, FrameInput, Manifest
 from inference.features import FrameWindows
 from inference.images import PortraitError, decode_image, load_default_avatar
+from inference.mp4 import Mp4Writer
 from inference.portrait import prepare_portrait
 from inference.runtimes import RUNTIMES, create_engine
 
@@ -77,31 +78,15 @@ def render(audio_path: str | Path, out_path: str | Path, *, image: np.ndarray, s
     samples = read_audio(audio_path, manifest.features.sample_rate)
     speech_48k = read_audio(audio_path, 48000)
     slot = engine.prepare(prepare_portrait(image, size=size, expand_ratio=expand_ratio))
-    written = 0
-    with av.open(str(out_path), "w", format="mp4") as container:
-        video = container.add_stream("libx264", rate=manifest.fps)
-        video.width = video.height = size
-        video.pix_fmt = "yuv420p"
-        video.options = {"crf": "20", "preset": "veryfast"}
-        audio = container.add_stream("aac", rate=48000)
-        audio.layout = "mono"
+    writer = Mp4Writer(out_path, size=size, fps=manifest.fps)
+    try:
         for frames, _ in render_frames(engine, slot, samples, knobs=knobs):
             for frame in frames:
-                out = av.VideoFrame.from_ndarray(frame, format="rgb24")
-                out.pts = written
-                out.time_base = fractions.Fraction(1, manifest.fps)
-                container.mux(video.encode(out))
-                written += 1
-        container.mux(video.encode(None))
-        chunk = 1024
-        for start in range(0, len(speech_48k), chunk):
-            piece = speech_48k[start:start + chunk].reshape(1, -1)
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(piece), format="flt",
-                                               layout="mono")
-            frame.sample_rate = 48000
-            frame.pts = start
-            container.mux(audio.encode(frame))
-        container.mux(audio.encode(None))
+                writer.video(frame, writer.frames, fractions.Fraction(1, manifest.fps))
+        writer.audio(speech_48k, 0)
+    finally:
+        writer.close()
+    written = writer.frames
     engine.release(slot)
     return written
 

@@ -182,6 +182,8 @@ class SessionSettings:
     peer_timeout_s: float = setting(10.0, "a session whose peer sends nothing for this long "
                                     "(no media and no RTCP reports: gone, not just quiet) is "
                                     "closed", low=0.1)
+    recording_dir: str = setting("", "where sessions asked to record (options.record) write "
+                                 "SESSION_ID.mp4; empty: recording is off")
     max_sessions: int = setting(16, "most live sessions", low=1)
     max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
                                        "a data channel, no video to encode)", low=0)

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import av
@@ -34,6 +35,7 @@ from server.config import SessionSettings
 from server.events import EventStream
 from server.media_clock import AUDIO_RATE, MediaClock
 from server.metrics import Metrics
+from server.recording import record
 from server.speech import SpeechQueue, Utterances
 from server.tracks import (
     SessionAudioTrack,
@@ -143,6 +145,7 @@ class Session:
         self._coefficients: np.ndarray | None = None
         self._coefficient_channels: list[RTCDataChannel] = []
         self._outbound: list[MediaStreamTrack] = []
+        self.recording: Path | None = None  # the MP4 this session is recorded to
         self._video: SharedVideo | None = None
         self._encoder_speed = encoder_speed
         self._coefficients_sent = -1
@@ -196,6 +199,13 @@ class Session:
         tracks = SessionAudioTrack(self), video
         self._outbound = [t for t in self._outbound if t.readyState == "live"] + [*tracks]
         return tracks
+
+    def record(self, path: Path) -> None:
+        """Write what viewers get to ``path`` (MP4) until the session ends; the recording
+        counts as a viewer, so a session nobody else watches is still rendered."""
+        _, video = self.viewer_tracks(shared=False)
+        self.recording = path
+        self._spawn(record(self, video, self.avatar.size, path))
 
     def interrupt(self) -> dict[str, Any]:
         """Barge-in: everything not yet sent to a viewer goes, together. Queued speech is
@@ -494,6 +504,7 @@ class Session:
             # publisher's operator learns it here: the encoder keeps the answer's headers).
             "token": self.token,
             "published": self.published,
+            "recording": self.recording.name if self.recording else None,
             "created": self.created,
             "options": dict(self.options.values),
             "stats": self.stats(),

@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiortc import RTCPeerConnection
@@ -94,7 +95,8 @@ class SessionManager:
 
     async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
                      motion_only: bool = False, hosted: bool = False,
-                     published: bool = False, owner: str | None = None) -> Session:
+                     published: bool = False, record: bool = False,
+                     owner: str | None = None) -> Session:
         """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
         limits = self.settings.session
         most, kind = (limits.max_motion_sessions, "motion-only ") if motion_only \
@@ -121,6 +123,10 @@ class SessionManager:
                           encoder_speed=self.settings.video.encoder_speed)
         self._sessions[session.id] = session
         self._peers[session.id] = {}
+        if record:
+            folder = Path(self.settings.session.recording_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            session.record(folder / f"{session.id}.mp4")
         session.on_close(self._forget)
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.set(len(self._sessions))

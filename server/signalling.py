@@ -12,7 +12,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Mapping
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import cv2
 from aiohttp import BodyPartReader, WSMsgType, web
@@ -247,10 +247,19 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def _new_session(state: ServerState, body: dict[str, Any]
-                 ) -> tuple[str, int, SessionOptions, bool]:
-    """The avatar, frame size, options and motion-only flag a request asks of a new
-    session (``options.size``, or ``size`` beside them), or 400 naming the problem."""
+class NewSession(NamedTuple):
+    """What a request asks of a new session."""
+
+    avatar: str
+    size: int
+    options: SessionOptions
+    motion_only: bool
+    record: bool
+
+
+def _new_session(state: ServerState, body: dict[str, Any]) -> NewSession:
+    """The avatar, frame size, options and flags (motion-only, recorded) a request asks of
+    a new session (``options.size``, or ``size`` beside them), or 400 naming the problem."""
     raw_options = body.get("options")
     if raw_options is None:
         raw_options = {}
@@ -258,10 +267,14 @@ def _new_session(state: ServerState, body: dict[str, Any]
         fail(400, "invalid_options", f'"options" must be a JSON object, got '
              f'{json.dumps(raw_options)}')
     raw_options = dict(raw_options)
-    motion_only = raw_options.pop("motion_only", False)
-    if not isinstance(motion_only, bool):
-        fail(400, "invalid_options", f"options.motion_only={motion_only!r} must be true or "
-             "false")
+    motion_only, record = raw_options.pop("motion_only", False), raw_options.pop("record", False)
+    for name, flag in (("motion_only", motion_only), ("record", record)):
+        if not isinstance(flag, bool):
+            fail(400, "invalid_options", f"options.{name}={flag!r} must be true or false")
+    if record and not state.settings.session.recording_dir:
+        fail(400, "recording_off", "this server records nothing: set session.recording_dir")
+    if record and motion_only:
+        fail(400, "invalid_options", "a motion-only session has no video to record")
     avatar_id = body.get("avatar")
     if avatar_id is None:
         avatar_id = DEFAULT_AVATAR
@@ -277,19 +290,18 @@ def _new_session(state: ServerState, body: dict[str, Any]
         options.update(raw_options)
     except OptionsError as exc:
         fail(400, "invalid_options", str(exc))
-    return avatar_id, int(size), options, motion_only
+    return NewSession(avatar_id, int(size), options, motion_only, record)
 
 
-async def _created(state: ServerState, spec: tuple[str, int, SessionOptions, bool],
-                   owner: str | None, *, hosted: bool = False, published: bool = False
-                   ) -> Session:
-    avatar_id, size, options, motion_only = spec
+async def _created(state: ServerState, spec: NewSession, owner: str | None, *,
+                   hosted: bool = False, published: bool = False) -> Session:
     try:
-        state.avatars.get(avatar_id, owner)  # another key's private portrait is not there
-        return await state.sessions.create(avatar_id, size, options, motion_only=motion_only,
+        state.avatars.get(spec.avatar, owner)  # another key's private portrait is not there
+        return await state.sessions.create(spec.avatar, spec.size, spec.options,
+                                           motion_only=spec.motion_only, record=spec.record,
                                            hosted=hosted, published=published, owner=owner)
     except UnknownAvatar:
-        fail(404, "unknown_avatar", f"no avatar {avatar_id!r}; GET /avatars lists them")
+        fail(404, "unknown_avatar", f"no avatar {spec.avatar!r}; GET /avatars lists them")
     except AtCapacity as exc:
         at_capacity(str(exc))
 
@@ -316,7 +328,7 @@ async def offer(request: web.Request) -> web.Response:
     owner = _caller(request)
     spec = _new_session(state, body)
     try:
-        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=spec[3])
+        sdp = check_offer(body.get("sdp"), body.get("type"), motion_only=spec.motion_only)
     except OfferError as exc:
         fail(400, exc.code, str(exc))
     session = await _created(state, spec, owner)
@@ -381,13 +393,15 @@ async def _viewer(state: ServerState, session: Session, token: object, sdp: obje
 WHIP_SDP = "application/sdp"
 
 
-def _whip_spec(state: ServerState, query: Mapping[str, str]
-               ) -> tuple[str, int, SessionOptions, bool]:
+def _whip_spec(state: ServerState, query: Mapping[str, str]) -> NewSession:
     """The new session a WHIP URL asks for: ``avatar`` and ``size`` and the knobs (each by
     name) as query parameters, since the body is the SDP."""
     options: dict[str, Any] = {}
     for name, value in query.items():
         if name in ("avatar", "size"):
+            continue
+        if name == "record":
+            options[name] = value.lower() in ("1", "true", "yes")
             continue
         try:
             options[name] = float(value)
