@@ -58,7 +58,10 @@ def training_clips(train: list[Utterance], seed: int, n_noise: int, eq_db: float
 
 
 def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
-               log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm) -> AudioHead:
+               log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
+               shape_weight: float = 1.0, ce_weight: float = 0.02) -> AudioHead:
+    """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
+    ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = AudioHead()
@@ -70,7 +73,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total,
                                                 pct_start=0.05)
     protos = torch.from_numpy(PROTOTYPES)
-    weight = torch.ones(PROTOTYPES.shape[1])
+    weight = torch.full((PROTOTYPES.shape[1],), shape_weight)
     weight[0] = 3.0  # jawOpen is what viewers notice most
     step = 0
     t0 = time.time()
@@ -86,7 +89,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
             # Nearest-prototype classification is how accuracy is scored: a soft version.
             dist = ((pred[:, None, :] - protos[None]) ** 2).sum(-1)
             ce = F.cross_entropy(-dist / 0.05, label)
-            loss = mse + 0.02 * ce
+            loss = mse + ce_weight * ce
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speed-min", type=float, default=0.8)
     ap.add_argument("--speed-max", type=float, default=1.25)
     ap.add_argument("--tilt-norm", type=int, default=int(AudioHead.tilt_norm))
+    ap.add_argument("--shape-weight", type=float, default=1.0)
+    ap.add_argument("--ce-weight", type=float, default=0.02)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     t_data = time.time() - t_start
     print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
     model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
-                       seed=args.seed, tilt_norm=bool(args.tilt_norm))
+                       seed=args.seed, tilt_norm=bool(args.tilt_norm),
+                       shape_weight=args.shape_weight, ce_weight=args.ce_weight)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             f" --real-speech {args.real_speech} --real-copies {args.real_copies}"
             if args.real_speech else ""), "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
+        "shape_weight": args.shape_weight, "ce_weight": args.ce_weight,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
