@@ -102,13 +102,11 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False,
             raise OfferError("no_audio", "a viewer's offer must ask to receive audio")
     elif not any(m.direction in ("sendrecv", "sendonly") for m in audio):
         raise OfferError("no_audio", "the offer must send one audio track (the driving speech)")
-    if publisher:
-        pass
-    elif motion_only:
+    if motion_only:
         if not any(m.kind == "application" and m.port != 0 for m in parsed.media):
             raise OfferError("no_data_channel", "a motion-only session sends its coefficients "
                              'on a data channel: the offer must open one ("coefficients")')
-    elif not any(m.direction in ("sendrecv", "recvonly") for m in video):
+    elif not publisher and not any(m.direction in ("sendrecv", "recvonly") for m in video):
         raise OfferError("no_video", "the offer must ask to receive video")
     for m in audio + video:
         if m.ice is None or not m.ice.usernameFragment or not m.dtls or not m.dtls.fingerprints:

@@ -393,6 +393,13 @@ async def _viewer(state: ServerState, session: Session, token: object, sdp: obje
 WHIP_SDP = "application/sdp"
 
 
+def _require_sdp(request: web.Request) -> None:
+    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if media_type != WHIP_SDP:
+        fail(415, "unsupported_media_type", f"an offer here is {WHIP_SDP}, not "
+             f"{media_type or 'untyped'}")
+
+
 def _whip_spec(state: ServerState, query: Mapping[str, str]) -> NewSession:
     """The new session a WHIP URL asks for: ``avatar`` and ``size`` and the knobs (each by
     name) as query parameters, since the body is the SDP."""
@@ -417,7 +424,9 @@ def _whip_spec(state: ServerState, query: Mapping[str, str]) -> NewSession:
 
 
 @routes.options("/whip")
-async def whip_options(request: web.Request) -> web.Response:
+@routes.options("/sessions/{session_id}/whep")
+async def sdp_endpoint_options(request: web.Request) -> web.Response:
+    """What WHIP and WHEP clients ask before offering."""
     return web.Response(status=204, headers={"Accept-Post": WHIP_SDP,
                                              "Allow": "OPTIONS, POST"})
 
@@ -429,10 +438,7 @@ async def whip_publish(request: web.Request) -> web.Response:
     answer's ``Location`` is the session's WHIP resource; ``Link`` headers name the
     session and the viewer page. The publisher leaving, or ``DELETE``, ends it."""
     state = _state(request)
-    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if media_type != WHIP_SDP:
-        fail(415, "unsupported_media_type", f"a WHIP offer is {WHIP_SDP}, not "
-             f"{media_type or 'untyped'}")
+    _require_sdp(request)
     owner = _caller(request)
     spec = _whip_spec(state, request.rel_url.query)
     text = await read_body(request, request.text())
@@ -477,12 +483,6 @@ async def whip_patch(request: web.Request) -> web.Response:
 
 # ---- WHEP: viewers of a session through the standard exchange ---------------------------
 
-@routes.options("/sessions/{session_id}/whep")
-async def whep_options(request: web.Request) -> web.Response:
-    return web.Response(status=204, headers={"Accept-Post": WHIP_SDP,
-                                             "Allow": "OPTIONS, POST"})
-
-
 @routes.post("/sessions/{session_id}/whep")
 async def whep_view(request: web.Request) -> web.Response:
     """A WHEP viewer: a receive-only SDP offer, the session's viewer token as its bearer
@@ -493,10 +493,7 @@ async def whep_view(request: web.Request) -> web.Response:
     session = state.sessions.get(session_id)
     if session is None:
         fail(404, "unknown_session", f"no live session {session_id!r}")
-    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if media_type != WHIP_SDP:
-        fail(415, "unsupported_media_type", f"a WHEP offer is {WHIP_SDP}, not "
-             f"{media_type or 'untyped'}")
+    _require_sdp(request)
     scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
     token = bearer.strip() if scheme.lower() == "bearer" else request.rel_url.query.get("token")
     text = await read_body(request, request.text())
