@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -142,6 +143,8 @@ class SessionVideoTrack(MediaStreamTrack):
 #: Encoded frames a viewer may fall behind by before it is made to start again at a key
 #: frame (its decoder could not use a later frame without the ones it missed).
 VIEWER_BACKLOG = 25
+#: The shared encoding's rate rises at most this often (each change re-opens the encoder).
+RETARGET_EVERY_S = 5.0
 
 
 class SharedVideo:
@@ -163,6 +166,7 @@ class SharedVideo:
         self._on_encoded = on_encoded
         self._queues: dict[asyncio.Queue[av.Packet | None], bool] = {}  # -> has a key frame
         self._rates: dict[asyncio.Queue[av.Packet | None], int] = {}  # -> estimate, bit/s
+        self._retargeted = float("-inf")  # when the rate last changed (monotonic)
         self._keyframe = False
         self._task: asyncio.Task[None] | None = None
 
@@ -194,7 +198,16 @@ class SharedVideo:
         return self._encoder.target_bitrate
 
     def _retarget(self) -> None:
-        self._encoder.target_bitrate = min(self._rates.values(), default=vpx.DEFAULT_BITRATE)
+        """A new rate re-opens the encoder (a key frame for everyone): follow a fall at
+        once, a rise only once it is 10% and the last change 5 s old, so that estimates
+        wandering as they ramp do not re-open it every second."""
+        target = min(self._rates.values(), default=vpx.DEFAULT_BITRATE)
+        current = self._encoder.target_bitrate
+        now = time.monotonic()
+        if target <= 0.9 * current or (target >= 1.1 * current
+                                       and now - self._retargeted >= RETARGET_EVERY_S):
+            self._encoder.target_bitrate = target
+            self._retargeted = now
 
     def close(self) -> None:
         """Viewers' streams end, and the encoder goes now, not at a later collection."""
