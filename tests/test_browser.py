@@ -8,11 +8,14 @@ server's rate, pass slider moves to the session, and end the session on Stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +46,19 @@ def chromium_args(speech_wav: Path) -> list[str]:
         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
         "--disable-features=WebRtcHideLocalIpsWithMdns,MediaRouter,DialMediaRouteProvider",
     ]
+
+
+@contextlib.asynccontextmanager
+async def chromium_page(tmp_path: Path, speech_wav: Path) -> AsyncIterator[Any]:
+    """A page of a fresh headless Chromium kept on loopback, its microphone the speech."""
+    async with playwright_api.async_playwright() as pw:
+        context = await pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=chromium_args(speech_wav), timeout=30_000)
+        try:
+            yield context.pages[0] if context.pages else await context.new_page()
+        finally:
+            await context.close()
 
 
 def _get(url: str) -> dict:
@@ -236,41 +252,34 @@ async def test_the_page_watches_a_session_an_application_drives(server, speech_w
 
     async with SessionClient(server.url) as avatar, aiohttp.ClientSession() as http:
         session_id = avatar.session_id
-        async with playwright_api.async_playwright() as pw:
-            context = await pw.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-                args=chromium_args(speech_wav), timeout=30_000)
-            try:
-                page = context.pages[0] if context.pages else await context.new_page()
-                await page.goto(f"{server.url}/?session={session_id}&token={avatar.token}",
-                                wait_until="load")
-                await page.click("#start")
-                await page.wait_for_function("window.sonic.state === 'connected'",
-                                             timeout=15_000)
-                async with http.post(f"{server.url}/sessions/{session_id}/speech",
-                                     data=speech_wav.read_bytes(),
-                                     headers={"Content-Type": "audio/wav"}) as response:
-                    assert response.status == 200, await response.text()
-                await page.evaluate(COUNT_VIDEO_FRAMES)
-                await page.wait_for_function("window.presented > 0", timeout=10_000)
-                before = await page.evaluate(SAMPLE)
-                await asyncio.sleep(3.0)
-                after = await page.evaluate(SAMPLE)
-                assert after["frames"] - before["frames"] >= 60, (before, after)
+        async with chromium_page(tmp_path, speech_wav) as page:
+            await page.goto(f"{server.url}/?session={session_id}&token={avatar.token}",
+                            wait_until="load")
+            await page.click("#start")
+            await page.wait_for_function("window.sonic.state === 'connected'",
+                                         timeout=15_000)
+            async with http.post(f"{server.url}/sessions/{session_id}/speech",
+                                 data=speech_wav.read_bytes(),
+                                 headers={"Content-Type": "audio/wav"}) as response:
+                assert response.status == 200, await response.text()
+            await page.evaluate(COUNT_VIDEO_FRAMES)
+            await page.wait_for_function("window.presented > 0", timeout=10_000)
+            before = await page.evaluate(SAMPLE)
+            await asyncio.sleep(3.0)
+            after = await page.evaluate(SAMPLE)
+            assert after["frames"] - before["frames"] >= 60, (before, after)
 
-                listening = asyncio.Event()
-                agent = asyncio.create_task(answer_viewers(avatar, 5.0, listening))
-                await listening.wait()
-                await page.wait_for_selector("#say-send:not([disabled])", timeout=5_000)
-                await page.fill("#say-text", "Good morning to you.")
-                await page.click("#say-send")
-                await page.wait_for_selector('#events li[data-type="utterance_started"]',
-                                             timeout=10_000)
-                assert await agent == ["Good morning to you."]
-                assert await page.input_value("#say-text") == ""
-                await page.click("#stop")
-                await page.wait_for_function("window.sonic.state === 'stopped'")
-            finally:
-                await context.close()
+            listening = asyncio.Event()
+            agent = asyncio.create_task(answer_viewers(avatar, 5.0, listening))
+            await listening.wait()
+            await page.wait_for_selector("#say-send:not([disabled])", timeout=5_000)
+            await page.fill("#say-text", "Good morning to you.")
+            await page.click("#say-send")
+            await page.wait_for_selector('#events li[data-type="utterance_started"]',
+                                         timeout=10_000)
+            assert await agent == ["Good morning to you."]
+            assert await page.input_value("#say-text") == ""
+            await page.click("#stop")
+            await page.wait_for_function("window.sonic.state === 'stopped'")
         async with http.get(f"{server.url}/sessions/{session_id}") as response:
             assert response.status == 200  # the viewer left; the session did not end

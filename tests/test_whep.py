@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from test_browser import CHROMIUM, chromium_args, playwright_api
+from test_browser import CHROMIUM, chromium_page
 
 from server.client import SessionClient
 
@@ -118,23 +118,16 @@ DECODED = """async () => {
 @pytest.mark.timeout(180)
 async def test_chromium_watches_through_the_bare_whep_exchange(server, speech_wav, tmp_path):
     async with SessionClient(server.url, size=256) as avatar:
-        async with playwright_api.async_playwright() as pw:
-            context = await pw.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-                args=chromium_args(speech_wav), timeout=30_000)
-            try:
-                page = context.pages[0] if context.pages else await context.new_page()
-                await page.goto(f"{server.url}/healthz")  # same origin, nothing of ours runs
-                await page.evaluate(BARE_WHEP, [
-                    f"/sessions/{avatar.session_id}/whep", avatar.token])
-                await page.wait_for_function("window.presented > 0", timeout=15_000)
-                before = await page.evaluate(DECODED)
-                await asyncio.sleep(4.0)
-                after = await page.evaluate(DECODED)
-                assert after - before >= 0.95 * 4.0 * 25, (before, after)  # >= 24 fps
-                location = await page.evaluate("window.whepLocation")
-                status = await page.evaluate(
-                    "async (url) => (await fetch(url, {method: 'DELETE'})).status", location)
-                assert status == 200
-            finally:
-                await context.close()
+        async with chromium_page(tmp_path, speech_wav) as page:
+            await page.goto(f"{server.url}/healthz")  # same origin, nothing of ours runs
+            await page.evaluate(BARE_WHEP, [
+                f"/sessions/{avatar.session_id}/whep", avatar.token])
+            await page.wait_for_function("window.presented > 0", timeout=15_000)
+            before = await page.evaluate(DECODED)
+            await asyncio.sleep(4.0)
+            after = await page.evaluate(DECODED)
+            assert after - before >= 0.95 * 4.0 * 25, (before, after)  # >= 24 fps
+            location = await page.evaluate("window.whepLocation")
+            status = await page.evaluate(
+                "async (url) => (await fetch(url, {method: 'DELETE'})).status", location)
+            assert status == 200
