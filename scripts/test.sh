@@ -11,10 +11,16 @@ command -v chromium >/dev/null || need+=(chromium chromium-driver)
 command -v flite >/dev/null || need+=(flite)
 command -v festival >/dev/null || need+=(festival)
 command -v turnserver >/dev/null || need+=(coturn)  # the TURN test's relay
+command -v janus >/dev/null || need+=(janus)  # the meeting-room test's SFU
 [ -d /usr/share/festival/voices/english/kal_diphone ] || need+=(festvox-kallpc16k)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
+  # Packages such as janus start their daemon on install (on every interface): the tests
+  # start their own, on loopback, so no service may start here.
+  policy=/usr/sbin/policy-rc.d
+  [ -e $policy ] || { printf '#!/bin/sh\nexit 101\n' > $policy; chmod +x $policy; made_policy=1; }
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ -z "${made_policy:-}" ] || rm -f $policy
 fi
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 python3 -m pip install -q -e '.[test]'

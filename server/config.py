@@ -105,6 +105,17 @@ class IceSettings:
 
 
 @dataclass
+class JanusSettings:
+    url: str = setting("", "REST URL of the Janus gateway (http://HOST:8088/janus) whose "
+                       "VideoRooms avatars may join (POST /sessions with \"janus\"); empty: "
+                       "off. Only this server is ever contacted, whatever a request says")
+    api_secret: str = setting("", "Janus's api_secret, if it sets one", secret=True)
+    timeout_s: float = setting(10.0, "longest wait for one Janus request (joining a room "
+                               "included) before the session is refused with 502",
+                               low=0.5, high=120.0)
+
+
+@dataclass
 class VideoSettings:
     size: int = setting(256, "default frame side in pixels (square); a session may ask for "
                         "another of video.allowed_sizes")
@@ -210,6 +221,7 @@ class SessionSettings:
 class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     ice: IceSettings = field(default_factory=IceSettings)
+    janus: JanusSettings = field(default_factory=JanusSettings)
     video: VideoSettings = field(default_factory=VideoSettings)
     avatar: AvatarSettings = field(default_factory=AvatarSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)

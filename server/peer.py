@@ -208,6 +208,25 @@ def _prefer_codec(pc: RTCPeerConnection, codec: str, *, only: bool = False) -> N
             transceiver.setCodecPreferences(preferred + rest)
 
 
+def send_session(pc: RTCPeerConnection, session: Session, codec: str
+                 ) -> list[MediaStreamTrack]:
+    """Add a fresh pair of ``session``'s outbound tracks to ``pc`` (audio alone for a
+    motion-only one), wired so the receiver's reports reach the session and its shared
+    encoding. VP8 is encoded once per session for every viewer, so VP8 alone is offered
+    or answered. The tracks, to stop when this peer goes (the session may have others)."""
+    shared = codec.upper() == "VP8" and not session.motion_only
+    audio_out, video_out = session.viewer_tracks(shared=shared)
+    senders = [pc.addTrack(audio_out)]
+    if not session.motion_only:
+        senders.append(pc.addTrack(video_out))
+        if isinstance(video_out, SharedVideoTrack):
+            _share_feedback(senders[-1], video_out)
+    for sender in senders:
+        _hear_reports(sender, session)
+    _prefer_codec(pc, codec, only=shared)
+    return [audio_out, video_out]
+
+
 async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: str,
                        on_gone: Callable[[str], object], publisher: bool = False
                        ) -> RTCPeerConnection:
@@ -253,18 +272,7 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
                     transceiver.direction = "inactive"
             await pc.setLocalDescription(await pc.createAnswer())
             return pc
-        # VP8 is encoded once per session for every viewer, so VP8 alone is answered.
-        shared = codec.upper() == "VP8" and not session.motion_only
-        audio_out, video_out = session.viewer_tracks(shared=shared)
-        tracks += [audio_out, video_out]
-        senders = [pc.addTrack(audio_out)]
-        if not session.motion_only:
-            senders.append(pc.addTrack(video_out))
-            if isinstance(video_out, SharedVideoTrack):
-                _share_feedback(senders[-1], video_out)
-        for sender in senders:
-            _hear_reports(sender, session)
-        _prefer_codec(pc, codec, only=shared)
+        tracks += send_session(pc, session, codec)
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception:
         await pc.close()

@@ -103,8 +103,8 @@ class Session:
         #: Made by ``POST /sessions``: no peer of its own; speech is pushed into ``speech``,
         #: viewers attach with ``token``, and it lives until ended or left idle.
         self.hosted = hosted
-        #: Made by ``POST /whip``: a publisher's audio drives it (as a peer's does), and
-        #: viewers attach with ``token`` (as to a hosted one).
+        #: Made by ``POST /whip`` or to join an SFU's room: a publisher's audio drives it
+        #: (as a peer's does), and viewers attach with ``token`` (as to a hosted one).
         self.published = published
         self.token = secrets.token_urlsafe(24) if hosted or published else None
         #: No video: each frame's coefficients on the data channel, and the audio back.
@@ -146,6 +146,8 @@ class Session:
         self._coefficient_channels: list[RTCDataChannel] = []
         self._outbound: list[MediaStreamTrack] = []
         self.recording: Path | None = None  # the MP4 this session is recorded to
+        #: Where the session sits in an SFU's room, if it does (``server.janus``): shown as is.
+        self.room: Callable[[], dict[str, Any]] | None = None
         self._video: SharedVideo | None = None
         self._encoder_speed = encoder_speed
         self._coefficients_sent = -1
@@ -505,6 +507,7 @@ class Session:
             "token": self.token,
             "published": self.published,
             "recording": self.recording.name if self.recording else None,
+            "room": self.room() if self.room else None,
             "created": self.created,
             "options": dict(self.options.values),
             "stats": self.stats(),

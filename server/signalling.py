@@ -25,6 +25,7 @@ from server.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
 from server.config import HttpSettings, Settings
 from server.errors import ApiError, fail
 from server.events import server_sent
+from server.janus import JanusError, RoomPresence, RoomRequest
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
@@ -308,15 +309,66 @@ async def _created(state: ServerState, spec: NewSession, owner: str | None, *,
 
 @routes.post("/sessions")
 async def create_session(request: web.Request) -> web.Response:
-    """A session with no peer: an application pushes its speech, viewers attach."""
+    """A session with no peer: an application pushes its speech, viewers attach. With
+    ``"janus"``, the avatar joins a Janus VideoRoom instead and listens to a participant."""
     state = _state(request)
     owner = _caller(request)
-    session = await _created(state, _new_session(state, await _json_body(request)), owner,
-                             hosted=True)
+    body = await _json_body(request)
+    if body.get("janus") is not None:
+        return await _join_janus_room(state, body, owner)
+    session = await _created(state, _new_session(state, body), owner, hosted=True)
     path = f"/sessions/{session.id}"
     return web.json_response({"session_id": session.id, "token": session.token,
                               "urls": {"session": path, "speech": f"{path}/speech",
                                        "viewer_offer": "/offer"}}, status=201)
+
+
+def _room_request(state: ServerState, raw: object) -> RoomRequest:
+    if not state.settings.janus.url:
+        fail(400, "janus_off", "this server joins no Janus rooms: set janus.url")
+    if not isinstance(raw, dict):
+        fail(400, "invalid_janus", '"janus" must be an object: {"room", "listen_to", '
+             '"display"?, "pin"?}')
+    unknown = set(raw) - {"room", "listen_to", "display", "pin"}
+    if unknown:
+        fail(400, "invalid_janus", f"unknown janus field(s) {sorted(unknown)}")
+    room, listen_to = raw.get("room"), raw.get("listen_to")
+    display, pin = raw.get("display", "Avatar"), raw.get("pin")
+    if isinstance(room, bool) or not isinstance(room, int | str) or room == "":
+        fail(400, "invalid_janus", f"janus.room must be the room's id, got {room!r}")
+    for name, value in (("listen_to", listen_to), ("display", display)):
+        if not isinstance(value, str) or not 0 < len(value) <= 256:
+            fail(400, "invalid_janus", f"janus.{name} must be a participant's display "
+                 f"name (1-256 characters), got {value!r}")
+    if pin is not None and not isinstance(pin, str):
+        fail(400, "invalid_janus", "janus.pin must be a string")
+    return RoomRequest(room, listen_to, display, pin)
+
+
+async def _join_janus_room(state: ServerState, body: dict[str, Any],
+                           owner: str | None) -> web.Response:
+    """The avatar joins the room as a publisher and listens to ``listen_to``; 201 once it
+    publishes, else the session is gone and the answer says why (404 for a room Janus does
+    not have, 502 for a Janus that does not answer)."""
+    room = _room_request(state, body["janus"])
+    session = await _created(state, _new_session(state, body), owner, published=True)
+    presence = RoomPresence(session, room, state.settings.janus, state.settings.ice,
+                            state.settings.video.codec)
+    try:
+        await presence.join()
+    except JanusError as exc:
+        await session.close(f"room not joined: {exc}")
+        status = {"unknown_room": 404, "room_refused": 403}.get(exc.code, 502)
+        fail(status, exc.code, str(exc))
+    except BaseException:
+        await session.close("room not joined")
+        raise
+    session.room = presence.describe
+    path = f"/sessions/{session.id}"
+    return web.json_response({"session_id": session.id, "token": session.token,
+                              "room": presence.describe(),
+                              "urls": {"session": path, "viewer_offer": "/offer",
+                                       "whep": f"{path}/whep"}}, status=201)
 
 
 @routes.post("/offer")

@@ -37,13 +37,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, ice_host: str = "127.0.0.1") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(REPO_ROOT / "out" / f"server-{self.port}.log", "w") \
             if (REPO_ROOT / "out").is_dir() else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--port", str(self.port), "--ice-host", "127.0.0.1",
+            [sys.executable, "-m", "server", "--port", str(self.port), "--ice-host", ice_host,
              *extra], cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
