@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -354,6 +355,11 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
 
+@routes.get("/kiosk")
+async def kiosk(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "kiosk.html")
+
+
 @routes.get("/config")
 async def config(request: web.Request) -> web.Response:
     return web.json_response(config_body(_door(request).settings))
@@ -432,7 +438,25 @@ async def offer(request: web.Request) -> web.Response:
 @routes.post("/sessions")
 async def create_session(request: web.Request) -> web.Response:
     require_json(request)
-    return await _place(request, parse_json_object(await read_body(request, request.read())))
+    body = parse_json_object(await read_body(request, request.read()))
+    name = body.get("name")
+    if isinstance(name, str) and name and "/" not in name:  # the worker checks its form
+        statuses = [status for _, status, _, _ in
+                    await _door(request).ask_all("GET", f"/names/{quote(name)}")]
+        if any(status != 404 for status in statuses):
+            fail(409, "name_taken", f"a live session is already called {name!r}")
+    return await _place(request, body)
+
+
+@routes.get("/names/{name}")
+async def find_name(request: web.Request) -> web.Response:
+    """Whichever worker holds the named session answers; a wrong token is 403."""
+    answers = await _door(request).ask_all("GET", request.rel_url.path_qs)
+    for status in (200, 403):
+        for _, answer_status, answer, headers in answers:
+            if answer_status == status:
+                return _relay(answer_status, answer, headers)
+    fail(404, "unknown_name", f"no live session is called {request.match_info['name']!r}")
 
 
 @routes.post("/sessions/{session_id}/speech")

@@ -96,6 +96,7 @@ class Session:
                  settings: SessionSettings, fps: int, manifest: Manifest,
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
                  hosted: bool = False, published: bool = False, owner: str | None = None,
+                 name: str | None = None, token: str | None = None,
                  encoder_speed: int = 12) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
@@ -106,7 +107,10 @@ class Session:
         #: Made by ``POST /whip`` or to join an SFU's room: a publisher's audio drives it
         #: (as a peer's does), and viewers attach with ``token`` (as to a hosted one).
         self.published = published
-        self.token = secrets.token_urlsafe(24) if hosted or published else None
+        self.token = (token or secrets.token_urlsafe(24)) if hosted or published else None
+        #: A name its creator gave it, unique among live sessions: a kiosk finds it by
+        #: name (and token) again after the session is made anew, across server restarts.
+        self.name = name
         #: No video: each frame's coefficients on the data channel, and the audio back.
         self.motion_only = motion_only
         self.avatar = avatar
@@ -498,6 +502,7 @@ class Session:
     def describe(self) -> dict[str, Any]:
         return {
             "session_id": self.id,
+            "name": self.name,
             "state": self.state,
             "avatar": self.avatar.avatar_id,
             "size": self.avatar.size,

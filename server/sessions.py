@@ -28,6 +28,10 @@ class AtCapacity(RuntimeError):
     pass
 
 
+class NameTaken(ValueError):
+    pass
+
+
 #: A session this old is connected and streaming, and a second's measure has seen it.
 SETTLED_S = 3.0
 
@@ -89,6 +93,9 @@ class SessionManager:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
+    def named(self, name: str) -> Session | None:
+        return next((s for s in self._sessions.values() if s.name == name), None)
+
     def list(self, visible: Callable[[Session], bool] = lambda s: True
              ) -> list[dict[str, Any]]:
         return [s.describe() for s in self._sessions.values() if visible(s)]
@@ -96,8 +103,12 @@ class SessionManager:
     async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
                      motion_only: bool = False, hosted: bool = False,
                      published: bool = False, record: bool = False,
-                     owner: str | None = None) -> Session:
-        """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``)."""
+                     owner: str | None = None, name: str | None = None,
+                     token: str | None = None) -> Session:
+        """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``,
+        ``NameTaken``)."""
+        if name is not None and self.named(name) is not None:
+            raise NameTaken(f"a live session is already called {name!r}")
         limits = self.settings.session
         most, kind = (limits.max_motion_sessions, "motion-only ") if motion_only \
             else (limits.max_sessions, "")
@@ -115,11 +126,14 @@ class SessionManager:
             handle = await self.avatars.acquire(avatar_id, size)
         finally:
             self._reserved.remove((size, motion_only))
+        if name is not None and self.named(name) is not None:  # made while we waited
+            self.avatars.release(handle)
+            raise NameTaken(f"a live session is already called {name!r}")
         session = Session(self.id_prefix + uuid.uuid4().hex, handle, options,
                           settings=self.settings.session, fps=self.settings.video.fps,
                           manifest=self.manifest, inference=self.inference,
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
-                          published=published, owner=owner,
+                          published=published, owner=owner, name=name, token=token,
                           encoder_speed=self.settings.video.encoder_speed)
         self._sessions[session.id] = session
         self._peers[session.id] = {}

@@ -11,6 +11,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 from collections.abc import Awaitable, Mapping
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
@@ -29,7 +30,7 @@ from server.janus import JanusError, RoomPresence, RoomRequest
 from server.metrics import CONTENT_TYPE
 from server.peer import OfferError, answer_offer, check_offer
 from server.session import OptionsError, Session, SessionOptions
-from server.sessions import AtCapacity
+from server.sessions import AtCapacity, NameTaken
 from server.speech import SpeechDecoder, SpeechError
 from server.state import ServerState, access_key, metrics_key, settings_key, state_key
 
@@ -181,6 +182,12 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(_state(request).static_dir / "index.html")
 
 
+@routes.get("/kiosk")
+async def kiosk(request: web.Request) -> web.FileResponse:
+    """Full screen, one named session, reconnecting by itself: ``/kiosk?name=N&token=T``."""
+    return web.FileResponse(_state(request).static_dir / "kiosk.html")
+
+
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
     state = _state(request)
@@ -295,16 +302,38 @@ def _new_session(state: ServerState, body: dict[str, Any]) -> NewSession:
 
 
 async def _created(state: ServerState, spec: NewSession, owner: str | None, *,
-                   hosted: bool = False, published: bool = False) -> Session:
+                   hosted: bool = False, published: bool = False,
+                   name: str | None = None, token: str | None = None) -> Session:
     try:
         state.avatars.get(spec.avatar, owner)  # another key's private portrait is not there
         return await state.sessions.create(spec.avatar, spec.size, spec.options,
                                            motion_only=spec.motion_only, record=spec.record,
-                                           hosted=hosted, published=published, owner=owner)
+                                           hosted=hosted, published=published, owner=owner,
+                                           name=name, token=token)
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {spec.avatar!r}; GET /avatars lists them")
     except AtCapacity as exc:
         at_capacity(str(exc))
+    except NameTaken as exc:
+        fail(409, "name_taken", str(exc))
+
+
+SESSION_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+VIEWER_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")
+
+
+def _naming(body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A hosted session's optional ``name`` and the viewer ``token`` its creator chose
+    (both stable, so a kiosk's URL outlives the session and the server)."""
+    name, token = body.get("name"), body.get("token")
+    if name is not None and (not isinstance(name, str) or not SESSION_NAME.fullmatch(name)):
+        fail(400, "invalid_name", f"name={name!r} must be 1-64 letters, digits, '.', '_' "
+             "or '-'")
+    if token is not None and (not isinstance(token, str) or
+                              not VIEWER_TOKEN.fullmatch(token)):
+        fail(400, "invalid_token", "token must be 16-256 URL-safe characters (letters, "
+             "digits, '_' and '-'): it is the viewers' credential")
+    return name, token
 
 
 @routes.post("/sessions")
@@ -314,13 +343,28 @@ async def create_session(request: web.Request) -> web.Response:
     state = _state(request)
     owner = _caller(request)
     body = await _json_body(request)
+    name, token = _naming(body)
     if body.get("janus") is not None:
-        return await _join_janus_room(state, body, owner)
-    session = await _created(state, _new_session(state, body), owner, hosted=True)
+        return await _join_janus_room(state, body, owner, name, token)
+    session = await _created(state, _new_session(state, body), owner, hosted=True,
+                             name=name, token=token)
     path = f"/sessions/{session.id}"
-    return web.json_response({"session_id": session.id, "token": session.token,
+    return web.json_response({"session_id": session.id, "name": session.name,
+                              "token": session.token,
                               "urls": {"session": path, "speech": f"{path}/speech",
                                        "viewer_offer": "/offer"}}, status=201)
+
+
+@routes.get("/names/{name}")
+async def find_name(request: web.Request) -> web.Response:
+    """The live session called ``name``, for whoever holds its viewer token (``?token=``):
+    how a kiosk finds its session again after it was made anew."""
+    session = _state(request).sessions.named(request.match_info["name"])
+    if session is None or session.token is None:
+        fail(404, "unknown_name", f"no live session is called {request.match_info['name']!r}")
+    if not hmac.compare_digest(request.rel_url.query.get("token", ""), session.token):
+        fail(403, "bad_token", "the session's viewer token is needed (?token=)")
+    return web.json_response({"session_id": session.id, "name": session.name})
 
 
 def _room_request(state: ServerState, raw: object) -> RoomRequest:
@@ -345,13 +389,14 @@ def _room_request(state: ServerState, raw: object) -> RoomRequest:
     return RoomRequest(room, listen_to, display, pin)
 
 
-async def _join_janus_room(state: ServerState, body: dict[str, Any],
-                           owner: str | None) -> web.Response:
+async def _join_janus_room(state: ServerState, body: dict[str, Any], owner: str | None,
+                           name: str | None, token: str | None) -> web.Response:
     """The avatar joins the room as a publisher and listens to ``listen_to``; 201 once it
     publishes, else the session is gone and the answer says why (404 for a room Janus does
     not have, 502 for a Janus that does not answer)."""
     room = _room_request(state, body["janus"])
-    session = await _created(state, _new_session(state, body), owner, published=True)
+    session = await _created(state, _new_session(state, body), owner, published=True,
+                             name=name, token=token)
     presence = RoomPresence(session, room, state.settings.janus, state.settings.ice,
                             state.settings.video.codec)
     try:
@@ -365,8 +410,8 @@ async def _join_janus_room(state: ServerState, body: dict[str, Any],
         raise
     session.room = presence.describe
     path = f"/sessions/{session.id}"
-    return web.json_response({"session_id": session.id, "token": session.token,
-                              "room": presence.describe(),
+    return web.json_response({"session_id": session.id, "name": session.name,
+                              "token": session.token, "room": presence.describe(),
                               "urls": {"session": path, "viewer_offer": "/offer",
                                        "whep": f"{path}/whep"}}, status=201)
 

@@ -37,8 +37,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra: str, ice_host: str = "127.0.0.1") -> None:
-        self.port = free_port()
+    def __init__(self, *extra: str, ice_host: str = "127.0.0.1", port: int | None = None
+                 ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(REPO_ROOT / "out" / f"server-{self.port}.log", "w") \
             if (REPO_ROOT / "out").is_dir() else subprocess.DEVNULL
