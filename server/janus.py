@@ -313,20 +313,15 @@ class RoomPresence:
             audio = [s for s in publisher.get("streams") or []
                      if s.get("type") == "audio" and not s.get("disabled")]
             if publisher.get("display") == self.request.listen_to and audio:
-                await self._subscribe(int(publisher["id"]), str(audio[0]["mid"]))
+                try:
+                    await self._subscribe(int(publisher["id"]), str(audio[0]["mid"]))
+                except JanusError as exc:  # gone again, say: wait for them to publish
+                    log.warning("session %s: could not listen to %s: %s", self.session.id,
+                                self.request.listen_to, exc)
                 return
 
     async def _subscribe(self, feed: int, mid: str) -> None:
         handle = await self._api.attach()
-        body: dict[str, Any] = {"request": "join", "ptype": "subscriber",
-                                "room": self.request.room,
-                                "streams": [{"feed": feed, "mid": mid}]}
-        if self.request.pin is not None:
-            body["pin"] = self.request.pin
-        offer = await self._api.request(handle, body)
-        jsep = offer["jsep"] or {}
-        if jsep.get("type") != "offer":
-            raise JanusError("janus_error", "Janus offered the participant without SDP")
         pc = RTCPeerConnection(rtc_configuration(self._ice))
 
         @pc.on("track")
@@ -334,11 +329,25 @@ class RoomPresence:
             if track.kind == "audio":
                 self.session.add_audio_source(track)
 
-        await pc.setRemoteDescription(RTCSessionDescription(jsep["sdp"], "offer"))
-        await pc.setLocalDescription(await pc.createAnswer())
-        await self._api.request(handle, {"request": "start"},
-                                {"type": "answer", "sdp": pc.localDescription.sdp})
-        await self._api.trickle_done(handle)
+        body: dict[str, Any] = {"request": "join", "ptype": "subscriber",
+                                "room": self.request.room,
+                                "streams": [{"feed": feed, "mid": mid}]}
+        if self.request.pin is not None:
+            body["pin"] = self.request.pin
+        try:
+            offer = await self._api.request(handle, body)
+            jsep = offer["jsep"] or {}
+            if jsep.get("type") != "offer":
+                raise JanusError("janus_error", "Janus offered the participant without SDP")
+            await pc.setRemoteDescription(RTCSessionDescription(jsep["sdp"], "offer"))
+            await pc.setLocalDescription(await pc.createAnswer())
+            await self._api.request(handle, {"request": "start"},
+                                    {"type": "answer", "sdp": pc.localDescription.sdp})
+            await self._api.trickle_done(handle)
+        except BaseException:
+            await pc.close()
+            await self._api.detach(handle)
+            raise
         self._listening = (feed, handle, pc)
         log.info("session %s: listening to %s (feed %s) in room %s", self.session.id,
                  self.request.listen_to, feed, self.request.room)

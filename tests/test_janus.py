@@ -208,12 +208,21 @@ async def test_the_avatar_speaks_in_a_janus_room_with_a_participants_voice(
 
         async def listening() -> bool:
             return (await get_json(session_url))["room"]["listening"]
+
+        async def not_listening() -> bool:
+            return not await listening()
         await poll(listening, 15, "the avatar to subscribe to Alice")
         talking = await page.evaluate("([b, ms, l]) => participant.sample(b, ms, l)",
                                       [box, 7000, CAVITY_LUMINANCE])
         fps = (await page.evaluate("participant.framesDecoded()") - before) / \
             (time.monotonic() - t0)
         stats = (await get_json(session_url))["stats"]
+        # Alice leaves and comes back: the avatar waits for her, then listens again.
+        await page.evaluate("participant.leave()")
+        await poll(not_listening, 15, "the avatar to notice Alice left")
+        await page.evaluate("url => participant.open(url)", janus.url)
+        await page.evaluate("([room, who]) => participant.speak(room, who)", [ROOM, "Alice"])
+        await poll(listening, 15, "the avatar to listen to Alice again")
         await page.evaluate("participant.leave()")
 
     print(f"janus room: first frame {first_frame_s:.2f} s after subscribing, {fps:.2f} fps "
