@@ -36,6 +36,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """Ask a process to stop; kill it if it has not within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class ServerProcess:
     def __init__(self, *extra: str, ice_host: str = "127.0.0.1", port: int | None = None
                  ) -> None:
@@ -62,12 +72,7 @@ class ServerProcess:
         raise TimeoutError("server did not become ready")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
     def __enter__(self) -> ServerProcess:
         """Ready to serve; stopped on leaving, even if it never became ready."""

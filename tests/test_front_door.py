@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
-from test_webrtc_session import _audio_envelope_at, _frame_centres, _get, _mouth_box, _mouth_signal
+from test_webrtc_session import _get, _mouth_box, assert_mouth_follows_speech
 
 from server.client import Received, run_session
 
@@ -34,12 +34,7 @@ def door():  # type: ignore[no-untyped-def]
 
 def _speaks(received: Received, box: tuple[slice, slice]) -> None:
     """The frames are the engine's, whole: the mouth opens when the speech is loud."""
-    mouth = _mouth_signal(received, box)
-    envelope = _audio_envelope_at(received, _frame_centres(received))
-    speaking = envelope > 0.2 * envelope.max()
-    quiet = envelope < 0.02 * envelope.max()
-    assert speaking.sum() > 25 and quiet.sum() > 25
-    assert mouth[speaking].mean() > 3 * mouth[quiet].mean()
+    assert_mouth_follows_speech(received, box, min_quiet=25)
 
 
 def _fps_between(received: Received, start: float, end: float) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ServerProcess, free_port
+from conftest import ServerProcess, free_port, stop_process
 from test_browser import CHROMIUM, chromium_page, get_json, poll
 
 from benchmarks.mouth import CAVITY_LUMINANCE, mouth_box
@@ -125,12 +125,7 @@ class JanusProcess:
         return [p.get("display") for p in reply["plugindata"]["data"]["participants"]]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,24 @@ def _audio_envelope_at(received: Received, times: np.ndarray) -> np.ndarray:
     return np.interp(times, centres, rms)
 
 
+def assert_mouth_follows_speech(received: Received, box: tuple[slice, slice], *,
+                                min_speaking: int = 25, min_quiet: int = 10
+                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The viewer heard speech and silence, and the mouth was open (cavity in the mouth
+    box) more than three times as much in the speech as in the silence. Per frame: the
+    openness, and whether it was speech or silence."""
+    mouth = _mouth_signal(received, box)
+    envelope = _audio_envelope_at(received, _frame_centres(received))
+    speaking = envelope > 0.2 * envelope.max()
+    quiet = envelope < 0.02 * envelope.max()
+    assert envelope.max() > 1000, "the viewer heard no speech"
+    assert speaking.sum() > min_speaking and quiet.sum() > min_quiet, \
+        (speaking.sum(), quiet.sum())
+    assert mouth[speaking].mean() > 3 * mouth[quiet].mean(), \
+        (mouth[speaking].mean(), mouth[quiet].mean())
+    return mouth, speaking, quiet
+
+
 def _best_lag_frames(video: np.ndarray, audio: np.ndarray, max_lag: int = 6) -> float:
     """Lag (in frames, positive = video late) maximising correlation, refined to sub-frame."""
     v = (video - video.mean()) / (video.std() + 1e-9)
@@ -103,14 +121,9 @@ def test_returned_audio_is_the_driving_speech(received):
 
 
 def test_mouth_moves_with_speech_and_rests_in_silence(server, received):
-    box = _mouth_box(server, received.video.data[0].shape[0])
-    mouth = _mouth_signal(received, box)
-    envelope = _audio_envelope_at(received, _frame_centres(received))
-    speaking = envelope > 0.2 * envelope.max()
-    quiet = envelope < 0.02 * envelope.max()
-    assert speaking.sum() > 50 and quiet.sum() > 50
-    assert mouth[speaking].mean() > 3 * mouth[quiet].mean(), (
-        mouth[speaking].mean(), mouth[quiet].mean())
+    mouth, speaking, quiet = assert_mouth_follows_speech(
+        received, _mouth_box(server, received.video.data[0].shape[0]),
+        min_speaking=50, min_quiet=50)
     assert np.percentile(mouth[speaking], 90) > 0.05  # the mouth visibly opens ...
     assert np.percentile(mouth[quiet], 90) < 0.02  # ... and stays closed in the pauses
 

@@ -18,7 +18,7 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from test_webrtc_session import _audio_envelope_at, _frame_centres, _mouth_box, _mouth_signal
+from test_webrtc_session import _mouth_box, assert_mouth_follows_speech
 
 from inference.tts import SpeechUnavailable, conversation
 from server.client import run_session
@@ -97,12 +97,7 @@ async def test_ffmpeg_publishes_over_whip_and_a_viewer_sees_the_avatar_speak(ser
         await asyncio.to_thread(pusher.join, 30)
     assert stats["audio"]["received_s"] > 3  # the publisher's Opus arrived and was decoded
     assert received.video_fps() >= 24
-    mouth = _mouth_signal(received, _mouth_box(server, 256))
-    envelope = _audio_envelope_at(received, _frame_centres(received))
-    speaking = envelope > 0.2 * envelope.max()
-    quiet = envelope < 0.02 * envelope.max()
-    assert speaking.sum() > 25 and quiet.sum() > 10, (speaking.sum(), quiet.sum())
-    assert mouth[speaking].mean() > 3 * mouth[quiet].mean()
+    assert_mouth_follows_speech(received, _mouth_box(server, 256))
     async with aiohttp.ClientSession() as http:  # the muxer's DELETE ended it
         async with http.get(f"{server.url}/sessions/{session['session_id']}") as response:
             assert response.status == 404
