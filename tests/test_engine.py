@@ -14,10 +14,13 @@ import pytest
 from inference.engine import GEOMETRY_NAMES, KNOB_NAMES, FrameInput, Manifest, PreparedPortrait
 from inference.face_geometry import portrait_geometry
 from inference.features import StreamingLogMel
+from inference.model.timing import TIMING
 from inference.render import render_frames
 from inference.runtimes import create_engine
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 from inference.tts import SpeechUnavailable, espeak
+
+WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "engines" / "sonic-lite.json"
@@ -139,8 +142,9 @@ def test_manifest_describes_the_shipped_graph() -> None:
     assert manifest.name == "sonic-lite" and manifest.fps == 25
     assert manifest.coefficient_names == COEFFICIENTS
     assert manifest.geometry_names == GEOMETRY_NAMES and manifest.knob_names == KNOB_NAMES
-    assert (manifest.window_frames, manifest.lookahead_frames) == (16, 4)
-    assert manifest.window_start(0) == -8 and manifest.lookahead_ms == 40.0
+    assert (manifest.window_frames, manifest.lookahead_frames) == (WINDOW, 4)
+    # frame 0's window ends 8 mel frames in: its own 40 ms and 40 ms of look-ahead
+    assert manifest.window_start(0) == 8 - WINDOW and manifest.lookahead_ms == 40.0
 
     path = Path(manifest.onnx)
     assert path.stat().st_size < 2_000_000
@@ -157,7 +161,7 @@ def test_manifest_describes_the_shipped_graph() -> None:
     declared = json.loads(MANIFEST.read_text())
     assert shapes(model.graph.input) == {i["name"]: i["shape"] for i in declared["inputs"]}
     assert shapes(model.graph.output) == {o["name"]: o["shape"] for o in declared["outputs"]}
-    assert shapes(model.graph.input)["mel"] == ["batch", 16, 80]
+    assert shapes(model.graph.input)["mel"] == ["batch", WINDOW, 80]
     assert shapes(model.graph.output)["coefficients"] == ["batch", len(COEFFICIENTS)]
 
 
@@ -283,7 +287,7 @@ def test_hostile_audio_gives_bounded_coefficients(
 
 
 def test_non_finite_features_are_survivable(engine: OnnxRuntimeEngine, slot256: int) -> None:
-    mel = np.full((16, 80), -4.0, np.float32)
+    mel = np.full((WINDOW, 80), -4.0, np.float32)
     mel[3, 5], mel[7, 9], mel[9, 40] = np.nan, np.inf, -np.inf
     out = engine.run(
         [FrameInput(slot256, mel, np.ones(2, np.float32), np.array([1.0, 2.0], np.float32))]
@@ -322,19 +326,19 @@ def test_batch_of_three_equals_three_single_runs(
         inputs = [
             FrameInput(
                 slot256,
-                features.window(40, 16),
+                features.window(40, WINDOW),
                 np.array([1.0, 1.0], np.float32),
                 np.array([1.6, 0.0], np.float32),
             ),
             FrameInput(
                 other,
-                features.window(64, 16),
+                features.window(64, WINDOW),
                 np.array([1.5, 0.5], np.float32),
                 np.array([8.2, 77.0], np.float32),
             ),
             FrameInput(
                 slot256,
-                features.window(-4, 16),
+                features.window(-4, WINDOW),
                 np.array([0.5, 2.0], np.float32),
                 np.array([0.0, 999.9], np.float32),
             ),
@@ -367,7 +371,7 @@ def test_256_and_512_portraits(engine: OnnxRuntimeEngine, slot256: int, speech: 
         open_frame = int(np.argmax(coeffs256[:, JAW]))
         small = cv2.resize(frames512[open_frame], (256, 256), interpolation=cv2.INTER_AREA)
         assert np.abs(small.astype(float) - frames256[open_frame]).mean() < 4.0
-        mel = np.full((16, 80), -10.0, np.float32)
+        mel = np.full((WINDOW, 80), -10.0, np.float32)
         knobs, clock = np.ones(2, np.float32), np.zeros(2, np.float32)
         with pytest.raises(ValueError, match="mixed frame sizes"):
             engine.run(
@@ -378,7 +382,7 @@ def test_256_and_512_portraits(engine: OnnxRuntimeEngine, slot256: int, speech: 
 
 
 def test_slot_lifecycle_and_validation(engine: OnnxRuntimeEngine) -> None:
-    mel = np.full((16, 80), -10.0, np.float32)
+    mel = np.full((WINDOW, 80), -10.0, np.float32)
     knobs, clock = np.ones(2, np.float32), np.zeros(2, np.float32)
     slot = engine.prepare(astronaut(256))
     engine.run([FrameInput(slot, mel, knobs, clock)])
@@ -419,7 +423,7 @@ def test_prepare_and_release_while_running(engine: OnnxRuntimeEngine, slot256: i
     worker = threading.Thread(target=churn)
     worker.start()
     try:
-        mel = np.full((16, 80), -10.0, np.float32)
+        mel = np.full((WINDOW, 80), -10.0, np.float32)
         for i in range(20):
             out = engine.run(
                 [
@@ -471,8 +475,8 @@ def test_torch_module_matches_onnx(
 
     features = StreamingLogMel(engine.manifest.features)
     features.push(speech)
-    starts = range(-4, features.frames_available - 16, 9)
-    mel = np.stack([features.window(s, 16) for s in starts])
+    starts = range(-4, features.frames_available - WINDOW, 9)
+    mel = np.stack([features.window(s, WINDOW) for s in starts])
     n = mel.shape[0]
     knobs = np.tile(np.array([[1.2, 1.5]], np.float32), (n, 1))
     clock = np.stack([np.arange(n) * 0.37, np.full(n, 42.0)], axis=1).astype(np.float32)

@@ -19,8 +19,11 @@ from inference.inference_process import (
     RemoteInference,
     unlink_ring,
 )
+from inference.model.timing import TIMING
 from inference.portrait import prepare_portrait
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
+
+WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 MANIFEST = Path(__file__).resolve().parent.parent / "engines" / "sonic-lite.json"
 
@@ -33,7 +36,7 @@ def portraits() -> dict[int, PreparedPortrait]:
 
 def frames(slot: int, count: int) -> list[FrameInput]:
     rng = np.random.default_rng(3)
-    return [FrameInput(slot, (rng.standard_normal((16, 80)) - 3).astype(np.float32),
+    return [FrameInput(slot, (rng.standard_normal((WINDOW, 80)) - 3).astype(np.float32),
                        np.array([1.0 + 0.1 * i, 1.0], np.float32),
                        np.array([0.4 * i, 7.0], np.float32)) for i in range(count)]
 

@@ -11,7 +11,10 @@ import time
 import numpy as np
 
 from inference.engine import BatchOutput, FrameInput
+from inference.model.timing import TIMING
 from inference.scheduler import Scheduler
+
+WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 SIZE = 256
 
@@ -48,7 +51,8 @@ class FakeEngine:
 
 
 def frame(mark: int, slot: int = 0) -> FrameInput:
-    return FrameInput(slot=slot, mel=np.zeros((16, 80), np.float32), knobs=np.ones(2, np.float32),
+    return FrameInput(slot=slot, mel=np.zeros((WINDOW, 80), np.float32),
+                      knobs=np.ones(2, np.float32),
                       clock=np.array([mark, 0.0], np.float32))
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from inference.engine import FrameInput
+from inference.model.timing import TIMING
 from inference.scheduler import (
     FrameRequest,
     PendingQueue,
@@ -15,10 +16,12 @@ from inference.scheduler import (
     plan_batch,
 )
 
+WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
+
 
 def _request(loop: asyncio.AbstractEventLoop, deadline: float, size: int = 256,
              submitted: float = 0.0) -> FrameRequest:
-    frame = FrameInput(slot=0, mel=np.zeros((16, 80), np.float32),
+    frame = FrameInput(slot=0, mel=np.zeros((WINDOW, 80), np.float32),
                        knobs=np.ones(2, np.float32), clock=np.zeros(2, np.float32))
     return FrameRequest(frame, size, deadline, submitted, loop.create_future())
 

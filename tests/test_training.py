@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from inference.engine import FeatureSpec
+from inference.model.timing import TIMING
 from inference.tts import (
     SAMPLE_RATE,
     Espeak,
@@ -35,6 +36,8 @@ from inference.training.visemes import (
     segments_from_phonemes,
 )
 from inference.training.windows import make_windows
+
+WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 JAW = SPEECH.index("jawOpen")
 SR = SAMPLE_RATE
@@ -111,7 +114,7 @@ def test_audio_head_removes_spectral_tilt() -> None:
     model = AudioHead()
     model.tilt_norm = True  # an option (off in the shipped head)
     frame = torch.randn(80) * 0.3 - 4.0
-    mel = frame.expand(1, 16, 80).clone()
+    mel = frame.expand(1, WINDOW, 80).clone()
     tilt = torch.linspace(-0.5, 0.5, 80)  # +-5 dB across the band
     a, b = model.features(mel)[0, :80], model.features(mel + tilt)[0, :80]
     diff = a - b  # only a level offset is left: the tilt itself is gone
@@ -156,8 +159,8 @@ def test_shipped_head_silence_and_bad_inputs(head: AudioHead) -> None:
         out = _run(head, audio)
         assert np.isfinite(out).all() and out.min() >= 0.0 and out.max() <= 1.0
     with torch.no_grad():
-        assert torch.isfinite(head(torch.full((2, 16, 80), float("nan")))).all()
-        silence = torch.full((1, 16, 80), float(np.log10(FeatureSpec().floor)))
+        assert torch.isfinite(head(torch.full((2, WINDOW, 80), float("nan")))).all()
+        silence = torch.full((1, WINDOW, 80), float(np.log10(FeatureSpec().floor)))
         assert float(head(silence)[0].max()) < 0.02
 
 
@@ -172,7 +175,7 @@ def test_audio_head_onnx_matches_torch(tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
     torch.manual_seed(0)
     model = AudioHead().eval()
-    mel = torch.randn(3, 16, 80) - 4.0
+    mel = torch.randn(3, WINDOW, 80) - 4.0
     mel[1] = -10.0
     path = tmp_path / "head.onnx"
     torch.onnx.export(model, (mel,), str(path), opset_version=17, dynamo=False,

@@ -24,7 +24,9 @@ HEAD_WEIGHTS = Path(__file__).resolve().parents[2] / "engines" / "sonic-lite-aud
 
 
 class AudioHead(nn.Module):
-    """mel window (B, 16, 80) of log10 mel power -> SPEECH coefficients (B, 11) in [0, 1].
+    """mel window (B, 32, 80) of log10 mel power -> SPEECH coefficients (B, 11) in [0, 1].
+
+    Three dilated convolutions (receptive field 31 mel frames) see the whole window.
 
     Level robustness: the spectrum enters relative to the window's loudest frame
     (floored 60 dB below it), so a gain change shifts nothing the convolutions see;
@@ -60,7 +62,7 @@ class AudioHead(nn.Module):
         c_in = n_mels + 2
         self.inp = nn.Conv1d(c_in, hidden, 3, padding=1)
         self.blocks = nn.ModuleList(
-            nn.Conv1d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4)
+            nn.Conv1d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4, 8)
         )
         self.out = nn.Conv1d(hidden, len(SPEECH), 1)
         # The video frame's own mel frames end where the look-ahead begins.

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,29 @@ def training_clips(train: list[Utterance], seed: int, n_noise: int, eq_db: float
     for x in augment.non_speech(n_noise, rng):
         clips.append((x, None))
     return clips, counts
+
+
+@dataclass(frozen=True)
+class Copies:
+    """How many times each real recording enters training: ``N`` for every corpus, or
+    ``corpus=N,...`` (corpora not named: once)."""
+
+    text: str
+    default: int = 1
+    by_corpus: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Copies:
+        try:
+            if "=" not in text:
+                return cls(text, int(text))
+            pairs = (item.partition("=") for item in text.split(",") if item.strip())
+            return cls(text, 1, {corpus.strip(): int(n) for corpus, _, n in pairs})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give N or corpus=N,...") from None
+
+    def __call__(self, corpus: str) -> int:
+        return self.by_corpus.get(corpus, self.default)
 
 
 def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
@@ -121,9 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
                     help="also train on the recordings of real people prepared there "
                          "(inference.training.real_speech); its held-out speakers never")
-    ap.add_argument("--real-copies", type=int, default=2,
+    ap.add_argument("--real-copies", type=Copies.parse, default="kathleen=1,librispeech=4",
                     help="times each recording enters training (each with its own "
-                         "augmentation draws)")
+                         "augmentation draws): N, or per corpus, e.g. "
+                         "kathleen=1,librispeech=4 (one reader's 93 minutes would "
+                         "otherwise outweigh 235 speakers' 51)")
     ap.add_argument("--out", default=str(HEAD_WEIGHTS))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -137,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         from inference.training.real_speech import describe, load_real_speech, split
 
         recordings = load_real_speech(Path(args.real_speech))
-        train += split(recordings)[0] * args.real_copies
+        train += [u for u in split(recordings)[0] for _ in range(args.real_copies(u.corpus))]
         real = describe(recordings)
         print(f"real speech: {real}", flush=True)
     clips, aug_counts = training_clips(train, args.seed, n_noise=len(train) // 25,
@@ -158,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     desc = {
         "model": "AudioHead", "parameters": params, "weights": out.name,
         "command": "python -m inference.training.train" + (
-            f" --real-speech {args.real_speech} --real-copies {args.real_copies}"
+            f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
             if args.real_speech else ""), "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight,

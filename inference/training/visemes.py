@@ -23,7 +23,7 @@ from inference.model.timing import TIMING
 
 #: Viseme classes, in label order (index = class id).
 VISEMES: tuple[str, ...] = (
-    "sil", "PP", "FF", "TH", "DD", "KK", "CH", "SS", "RR", "AA", "E", "IH", "OH", "OU",
+    "sil", "PP", "FF", "TH", "DD", "KK", "CH", "SS", "RR", "AA", "AE", "E", "IH", "OH", "OU",
 )
 V = {name: i for i, name in enumerate(VISEMES)}
 
@@ -52,7 +52,8 @@ PROTOTYPES: np.ndarray = np.array([
     _vec(jaw=0.18, funnel=0.55, pucker=0.3),                 # CH: ch jh sh zh
     _vec(jaw=0.10, stretch=0.45, smile=0.35),                # SS: s z
     _vec(jaw=0.20, funnel=0.3, pucker=0.45),                 # RR: r er
-    _vec(jaw=0.78, stretch=0.1),                             # AA: open vowels
+    _vec(jaw=0.78, stretch=0.1),                             # AA: open back vowels
+    _vec(jaw=0.68, stretch=0.4, smile=0.2),                  # AE: open front (trap)
     _vec(jaw=0.48, stretch=0.45, smile=0.2),                 # E: mid front, schwa
     _vec(jaw=0.22, stretch=0.65, smile=0.5),                 # IH: close front, y
     _vec(jaw=0.55, funnel=0.65, pucker=0.2),                 # OH: rounded open-mid
@@ -61,7 +62,8 @@ PROTOTYPES: np.ndarray = np.array([
 
 #: How strongly each viseme holds its shape against its neighbours.
 DOMINANCE: np.ndarray = np.array(
-    [1.0, 4.0, 3.0, 1.0, 0.6, 0.5, 1.5, 1.2, 1.0, 1.2, 1.0, 1.0, 1.2, 1.5], dtype=np.float32
+    [1.0, 4.0, 3.0, 1.0, 0.6, 0.5, 1.5, 1.2, 1.0, 1.2, 1.2, 1.0, 1.0, 1.2, 1.5],
+    dtype=np.float32
 )
 
 #: The mouth shape leads the sound by this much.
@@ -93,15 +95,15 @@ _TABLE: dict[str, str | tuple[str, str]] = {
     "w": "OU", "W": "OU",
     "j": "IH", "y": "IH", "J": "IH",
     # vowels (espeak)
-    "a": "AA", "A": "AA", "aa": "AA", "A@": "AA", "V": "AA", "0": "OH", "Q": "OH",
-    "@": "E", "E": "E", "e": "E", "e@": ("E", "E"), "a@": "AA", "&": "AA", "@L": "DD",
+    "a": "AE", "A": "AA", "aa": "AA", "A@": "AA", "V": "AA", "0": "OH", "Q": "OH",
+    "@": "E", "E": "E", "e": "E", "e@": ("E", "E"), "a@": "AA", "&": "AE", "@L": "DD",
     "i": "IH", "I": "IH", "i@": ("IH", "E"), "y:": "OU", "Y": "OU",
     "o": "OH", "O": "OH", "O@": "OH", "o@": "OH", "u": "OU", "U": "OU", "U@": ("OU", "E"),
     "aI": ("AA", "IH"), "aI@": ("AA", "E"), "aU": ("AA", "OU"), "aU@": ("AA", "OU"),
     "eI": ("E", "IH"), "oU": ("OH", "OU"), "OI": ("OH", "IH"), "@U": ("E", "OU"),
     "ai": ("AA", "IH"), "au": ("AA", "OU"), "ei": ("E", "IH"), "oi": ("OH", "IH"),
     # vowels (flite / CMU)
-    "ae": "AA", "ah": "AA", "ao": "OH", "aw": ("AA", "OU"), "ax": "E", "ay": ("AA", "IH"),
+    "ae": "AE", "ah": "AA", "ao": "OH", "aw": ("AA", "OU"), "ax": "E", "ay": ("AA", "IH"),
     "eh": "E", "ey": ("E", "IH"), "ih": "IH", "ix": "IH", "iy": "IH", "ow": ("OH", "OU"),
     "oy": ("OH", "IH"), "uh": "OU", "uw": "OU",
 }
