@@ -217,7 +217,6 @@ class RoomPresence:
                  ice: IceSettings, codec: str) -> None:
         self.session = session
         self.request = request
-        self._settings = settings
         self._ice = ice
         self._codec = codec
         self._api = JanusApi(settings)
