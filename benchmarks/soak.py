@@ -79,6 +79,9 @@ class SoakReport:
     transient_failures: list[str] = field(default_factory=list)
     hostile_answers: int = 0
     bad_answers: list[str] = field(default_factory=list)  # not 4xx in the JSON shape
+    #: Offers refused with 503 ``at_capacity`` and ``Retry-After``: the designed answer
+    #: while admission sees the host too busy, which it checks before reading the offer.
+    refused: int = 0
     start: dict[str, Usage] = field(default_factory=dict)
     end: dict[str, Usage] = field(default_factory=dict)
     trace: list[dict[str, Any]] = field(default_factory=list)  # usage after each cycle
@@ -94,6 +97,7 @@ class SoakReport:
                                      for k, v in self.transient_fps.items()},
             "transient_failures": self.transient_failures[:5],
             "hostile_answers": self.hostile_answers,
+            "refused": self.refused,
             "bad_answers": self.bad_answers[:5],
             "start": {k: vars(u) for k, u in self.start.items()},
             "end": {k: vars(u) for k, u in self.end.items()},
@@ -129,6 +133,11 @@ def _hostile(url: str, sdp: str) -> Iterator[tuple[str, str, dict[str, Any], int
     yield "GET", f"{url}/healthz", {"headers": {"X-Big": "x" * 20_000}}, 400
 
 
+def _refused(response: aiohttp.ClientResponse, body: Any) -> bool:
+    return response.status == 503 and isinstance(body, dict) and \
+        body.get("error") == "at_capacity" and "Retry-After" in response.headers
+
+
 async def _hostile_round(http: aiohttp.ClientSession, url: str, report: SoakReport) -> None:
     sdp = await _offer_sdp()
     for method, target, kwargs, status in _hostile(url, sdp):
@@ -136,13 +145,18 @@ async def _hostile_round(http: aiohttp.ClientSession, url: str, report: SoakRepo
         try:
             async with http.request(method, target, **kwargs) as response:
                 body = await response.json(content_type=None)
-                if response.status != status or set(body) != {"error", "message"}:
+                if target.endswith("/offer") and _refused(response, body):
+                    report.refused += 1
+                elif response.status != status or set(body) != {"error", "message"}:
                     report.bad_answers.append(f"{method} {target}: {response.status} {body}")
         except (aiohttp.ClientError, ValueError) as exc:
             report.bad_answers.append(f"{method} {target}: {exc!r}")
     # An offer whose peer never connects: the server lets its place go by itself.
     async with http.post(f"{url}/offer", json={"sdp": sdp, "type": "offer"}) as response:
-        if response.status != 200:
+        body = await response.json(content_type=None)
+        if _refused(response, body):
+            report.refused += 1
+        elif response.status != 200:
             report.bad_answers.append(f"ghost offer: {response.status}")
 
 

@@ -25,6 +25,9 @@ def test_churn_bad_networks_and_hostile_requests_leave_the_server_as_it_was():
     assert report.cycles >= 8, summary
     assert report.transient_failures == [] and report.bad_answers == [], summary
     assert report.hostile_answers >= 8 * 9
+    # A busy 2-core machine may refuse some offers at admission (503 before the offer is
+    # read): designed, but not most of the time.
+    assert report.refused <= report.hostile_answers // 4, summary
     # The long session kept its frame rate, its delay and lips with sound.
     assert min(report.steady_fps) >= 24.0, summary
     # Its delay stays near the 130 ms pipeline delay plus the jitter buffer. On this shared
