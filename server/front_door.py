@@ -48,6 +48,7 @@ from server.signalling import (
     parse_json_object,
     read_body,
     require_json,
+    sdp_endpoint_options,
 )
 from server.state import access_key, metrics_key, settings_key
 from server.worker import WorkerProcess, WorkerSpec, worker_prefix
@@ -531,10 +532,7 @@ async def interrupt(request: web.Request) -> web.Response:
     return await _forward(_holder(request, request.match_info["session_id"]), request)
 
 
-@routes.options("/whip")
-async def whip_options(request: web.Request) -> web.Response:
-    return web.Response(status=204, headers={"Accept-Post": "application/sdp",
-                                             "Allow": "OPTIONS, POST"})
+routes.options("/whip")(sdp_endpoint_options)  # the same answer as a worker's
 
 
 @routes.post("/whip")

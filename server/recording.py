@@ -14,7 +14,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from inference.mp4 import Mp4Writer
-from server.tracks import AudioSource, _sleep_until
+from server.tracks import AudioSource, sleep_until
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ async def record(audio: AudioSource, video: MediaStreamTrack, size: int, path: P
         async def sound() -> None:
             k = clock.chunk_index_at(loop.time())
             while not audio.is_closed:
-                await _sleep_until(clock.audio_send_time(k))
+                await sleep_until(clock.audio_send_time(k))
                 samples = audio.audio_chunk(k)
                 if samples is None:
                     samples = np.zeros(clock.chunk_samples, np.int16)

@@ -56,7 +56,7 @@ class AudioSource(Protocol):
     def report_audio(self, k: int, sent_at: float) -> None: ...
 
 
-async def _sleep_until(t: float) -> None:
+async def sleep_until(t: float) -> None:
     delay = t - asyncio.get_running_loop().time()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -76,7 +76,7 @@ class FramePacer:
         index = max(self._next, clock.video_index_at(asyncio.get_running_loop().time()))
         if self._next and index > self._next:
             self._source.report_skipped(index - self._next)
-        await _sleep_until(clock.video_send_time(index))
+        await sleep_until(clock.video_send_time(index))
         self._next = index + 1
         return index, self._source.video_frame(index)
 
@@ -305,7 +305,7 @@ class SessionAudioTrack(MediaStreamTrack):
         clock = self._source.clock
         loop = asyncio.get_running_loop()
         k = max(self._next, clock.chunk_index_at(loop.time()))
-        await _sleep_until(clock.audio_send_time(k))
+        await sleep_until(clock.audio_send_time(k))
         samples = self._source.audio_chunk(k)
         if samples is None:
             samples = np.zeros(clock.chunk_samples, np.int16)

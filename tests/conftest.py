@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +37,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _call_json(method: str, url: str, body: dict | None) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"},
+                                     method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else {}
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def call_json(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+    """An HTTP request with a JSON body (or none), off the event loop: the status and the
+    JSON answer ({} for none), errors included."""
+    return await asyncio.to_thread(_call_json, method, url, body)
 
 
 def stop_process(proc: subprocess.Popen) -> None:

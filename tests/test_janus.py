@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ServerProcess, free_port, stop_process
+from conftest import ServerProcess, call_json, free_port, stop_process
 from test_browser import CHROMIUM, chromium_page, get_json, poll
 
 from benchmarks.mouth import CAVITY_LUMINANCE, mouth_box
@@ -151,32 +151,10 @@ def room_server(janus: JanusProcess, address: str) -> Iterator[ServerProcess]:
         yield process
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
-async def post(url: str, body: dict) -> tuple[int, dict]:
-    return await asyncio.to_thread(_post, url, body)
-
-
-async def delete(url: str) -> int:
-    def call() -> int:
-        request = urllib.request.Request(url, method="DELETE")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    return await asyncio.to_thread(call)
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed")
 async def test_the_avatar_speaks_in_a_janus_room_with_a_participants_voice(
         room_server, janus, speech_wav, tmp_path):
-    status, made = await post(f"{room_server.url}/sessions", {"janus": {
+    status, made = await call_json("POST", f"{room_server.url}/sessions", {"janus": {
         "room": ROOM, "listen_to": "Alice", "display": "Avatar"}})
     assert status == 201, made
     assert made["room"]["listening"] is False  # Alice has not joined yet
@@ -233,7 +211,7 @@ async def test_the_avatar_speaks_in_a_janus_room_with_a_participants_voice(
         f"the mouth hardly opened while Alice spoke: p95 {np.percentile(talking, 95):.3f}"
     assert (talking < 0.03).mean() > 0.1, "the mouth never closed between words"
 
-    assert await delete(session_url) == 204
+    assert (await call_json("DELETE", session_url))[0] == 204
 
     async def left() -> bool:
         return "Avatar" not in await asyncio.to_thread(janus.participants)
@@ -249,7 +227,7 @@ async def test_rooms_that_are_not_there_are_refused_and_leave_nothing(room_serve
         ("1234", 400, "invalid_janus"),
     ]
     for janus_body, status, code in cases:
-        answer = await post(f"{room_server.url}/sessions", {"janus": janus_body})
+        answer = await call_json("POST", f"{room_server.url}/sessions", {"janus": janus_body})
         assert answer == (status, {"error": code, "message": answer[1]["message"]}), janus_body
     assert (await get_json(f"{room_server.url}/sessions"))["sessions"] == []
     assert await asyncio.to_thread(janus.participants) == []
@@ -259,7 +237,7 @@ async def test_a_janus_that_is_down_is_a_502_and_one_that_dies_ends_its_sessions
         address, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/janus"
     with ServerProcess("--set", f"janus.url={dead}", ice_host=address) as server:
-        status, body = await post(f"{server.url}/sessions",
+        status, body = await call_json("POST", f"{server.url}/sessions",
                                   {"janus": {"room": ROOM, "listen_to": "Alice"}})
         assert (status, body["error"]) == (502, "janus_unreachable"), body
         assert (await get_json(f"{server.url}/sessions"))["sessions"] == []
@@ -267,7 +245,7 @@ async def test_a_janus_that_is_down_is_a_502_and_one_that_dies_ends_its_sessions
     mortal = JanusProcess(tmp_path, (42100, 42199))
     try:
         with ServerProcess("--set", f"janus.url={mortal.url}", ice_host=address) as server:
-            status, made = await post(f"{server.url}/sessions",
+            status, made = await call_json("POST", f"{server.url}/sessions",
                                       {"janus": {"room": ROOM, "listen_to": "Alice"}})
             assert status == 201, made
             mortal.stop()
@@ -281,6 +259,6 @@ async def test_a_janus_that_is_down_is_a_502_and_one_that_dies_ends_its_sessions
 
 
 async def test_a_server_without_janus_says_so(server):
-    status, body = await post(f"{server.url}/sessions",
+    status, body = await call_json("POST", f"{server.url}/sessions",
                               {"janus": {"room": ROOM, "listen_to": "Alice"}})
     assert (status, body["error"]) == (400, "janus_off")

@@ -5,12 +5,8 @@ picture while it has none."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import urllib.request
-
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, call_json
 from test_browser import CHROMIUM, chromium_page, poll
 
 pytestmark = [
@@ -20,25 +16,9 @@ pytestmark = [
 TOKEN = "kiosk-lobby-0123456789"
 
 
-def _call(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"},
-                                     method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read()
-            return response.status, json.loads(text) if text else {}
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
-async def call(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
-    return await asyncio.to_thread(_call, method, url, body)
-
-
 async def make_lobby(url: str) -> str:
     """What the kiosk's backend does after every start: the named session, same token."""
-    status, made = await call("POST", f"{url}/sessions", {"name": "lobby", "token": TOKEN})
+    status, made = await call_json("POST", f"{url}/sessions", {"name": "lobby", "token": TOKEN})
     assert status == 201, made
     return made["session_id"]
 
@@ -54,22 +34,22 @@ async def playing(page, after_frames: int = 0) -> dict | None:  # type: ignore[n
 
 
 async def test_named_sessions_are_unique_and_found_only_with_their_token(server):
-    status, made = await call("POST", f"{server.url}/sessions",
+    status, made = await call_json("POST", f"{server.url}/sessions",
                               {"name": "hall", "token": TOKEN})
     assert status == 201 and made["name"] == "hall" and made["token"] == TOKEN
     try:
-        again = await call("POST", f"{server.url}/sessions", {"name": "hall"})
+        again = await call_json("POST", f"{server.url}/sessions", {"name": "hall"})
         assert (again[0], again[1]["error"]) == (409, "name_taken")
-        found = await call("GET", f"{server.url}/names/hall?token={TOKEN}")
+        found = await call_json("GET", f"{server.url}/names/hall?token={TOKEN}")
         assert found == (200, {"session_id": made["session_id"], "name": "hall"})
-        assert (await call("GET", f"{server.url}/names/hall?token=wrong"))[0] == 403
-        assert (await call("GET", f"{server.url}/names/nobody?token={TOKEN}"))[0] == 404
+        assert (await call_json("GET", f"{server.url}/names/hall?token=wrong"))[0] == 403
+        assert (await call_json("GET", f"{server.url}/names/nobody?token={TOKEN}"))[0] == 404
         for bad in ({"name": "a/b"}, {"name": ""}, {"name": 7}, {"token": "short"},
                     {"token": "x" * 20 + "!"}):
-            status, body = await call("POST", f"{server.url}/sessions", bad)
+            status, body = await call_json("POST", f"{server.url}/sessions", bad)
             assert status == 400 and body["error"] in ("invalid_name", "invalid_token"), bad
     finally:
-        await call("DELETE", f"{server.url}/sessions/{made['session_id']}")
+        await call_json("DELETE", f"{server.url}/sessions/{made['session_id']}")
 
 
 async def test_the_kiosk_plays_a_named_session_and_comes_back_by_itself(speech_wav, tmp_path):
@@ -89,7 +69,7 @@ async def test_the_kiosk_plays_a_named_session_and_comes_back_by_itself(speech_w
                 assert not await page.is_visible("#sound")
 
             # The session ends (a drop, as the kiosk sees it) and is made anew.
-            await call("DELETE", f"{first.url}/sessions/{session_id}")
+            await call_json("DELETE", f"{first.url}/sessions/{session_id}")
             await poll(lambda: page.is_visible("#notice"), 3,
                        "a notice over the stopped picture")
             await make_lobby(first.url)
