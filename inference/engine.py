@@ -4,7 +4,9 @@ A model is shipped as an ONNX graph plus a JSON manifest in ``engines/``. Per ou
 video frame it takes a log-mel window around that frame (with a small look-ahead), the
 session's prepared portrait and its face geometry, the knobs, and the session clock;
 it returns the frame (uint8 RGB) and the motion coefficients it used. The graph is a
-pure function of its inputs, so frames of different sessions batch freely.
+pure function of its inputs, so frames of different sessions batch freely. A model may
+also ship a motion graph (the coefficients alone, from the mel window, knobs and clock):
+motion-only sessions then never pay for the renderer.
 """
 
 from __future__ import annotations
@@ -152,6 +154,8 @@ class Manifest(FrameTiming):
     name: str
     onnx: str
     coefficient_names: tuple[str, ...]
+    #: The motion graph (mel, knobs, clock -> coefficients), if the model ships one.
+    motion_onnx: str | None = None
     geometry_names: tuple[str, ...] = GEOMETRY_NAMES
     knob_names: tuple[str, ...] = KNOB_NAMES
     #: Frame sides the model was made for (the renderer's detail is tuned to them).
@@ -167,8 +171,9 @@ class Manifest(FrameTiming):
     def load(cls, path: str | Path) -> Manifest:
         path = Path(path)
         raw = json.loads(path.read_text())
-        known = {"name", "onnx", "fps", "features", "window_frames", "lookahead_frames",
-                 "coefficient_names", "geometry_names", "knob_names", "portrait_sizes"}
+        known = {"name", "onnx", "motion_onnx", "fps", "features", "window_frames",
+                 "lookahead_frames", "coefficient_names", "geometry_names", "knob_names",
+                 "portrait_sizes"}
         knob_names = tuple(raw.get("knob_names", KNOB_NAMES))
         unknown = [k for k in knob_names if k not in KNOB_NAMES]
         if unknown:
@@ -177,6 +182,7 @@ class Manifest(FrameTiming):
         return cls(
             name=raw["name"],
             onnx=str(path.parent / raw["onnx"]),
+            motion_onnx=str(path.parent / raw["motion_onnx"]) if raw.get("motion_onnx") else None,
             fps=int(raw["fps"]),
             features=FeatureSpec(**raw["features"]),
             window_frames=int(raw["window_frames"]),
@@ -219,10 +225,19 @@ class FrameInput:
                    clock=np.array([index / fps, phase], np.float32))
 
 
+#: The frame size of a request that needs no picture (a motion-only session's): such
+#: requests batch together, whatever their portraits' sizes, and run ``run_motion``.
+NO_PICTURE = 0
+
+
 @dataclass(frozen=True)
 class BatchOutput:
-    frames: np.ndarray  # uint8, (B, H, W, 3) RGB
+    frames: np.ndarray  # uint8, (B, H, W, 3) RGB; (B, 0, 0, 3) from ``run_motion``
     coefficients: np.ndarray  # float32, (B, len(coefficient_names))
+
+    @classmethod
+    def motion(cls, coefficients: np.ndarray) -> BatchOutput:
+        return cls(np.empty((len(coefficients), 0, 0, 3), np.uint8), coefficients)
 
 
 class Engine(Protocol):
@@ -241,3 +256,20 @@ class Engine(Protocol):
     def run(self, batch: list[FrameInput]) -> BatchOutput:
         """Render one frame per input; all inputs share one frame size."""
         ...
+
+    def run_motion(self, batch: list[FrameInput]) -> np.ndarray:
+        """Only the coefficients of each input, (B, K), whatever their frame sizes: the
+        model's motion graph, or ``coefficients_by_rendering`` where it has none."""
+        ...
+
+
+def coefficients_by_rendering(engine: Engine, batch: list[FrameInput]) -> np.ndarray:
+    """``run_motion`` for a model without a motion graph: render, keep the coefficients
+    (one run per frame size, since a rendered batch shares one)."""
+    by_size: dict[int, list[int]] = {}
+    for i, item in enumerate(batch):
+        by_size.setdefault(engine.frame_size(item.slot), []).append(i)
+    out = np.empty((len(batch), len(engine.manifest.coefficient_names)), np.float32)
+    for rows in by_size.values():
+        out[rows] = engine.run([batch[i] for i in rows]).coefficients
+    return out

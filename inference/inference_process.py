@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from inference.child_process import ChildProcess, ChildProcessError, until_stopped
-from inference.engine import FrameInput, Manifest, PreparedPortrait
+from inference.engine import NO_PICTURE, FrameInput, Manifest, PreparedPortrait
 from inference.scheduler import FrameResult
 from inference.service import InferenceConfig, start_inline
 
@@ -313,8 +313,8 @@ class RemoteInference:
         except KeyError:
             raise KeyError(f"unknown or released portrait slot {slot}") from None
 
-    async def warm_up(self, batch: list[FrameInput]) -> None:
-        self._capacity.update(await self._call("warm_up", batch))
+    async def warm_up(self, batch: list[FrameInput], *, picture: bool = True) -> None:
+        self._capacity.update(await self._call("warm_up", (batch, picture)))
 
     def capacity_fps(self, frame_size: int) -> float:
         return self._capacity.get(frame_size, 0.0)
@@ -355,7 +355,7 @@ class RemoteInference:
             picture = slot["frame"].shape[0] > 0
             (self._free if picture else self._free_motion).append(index)
             result = None
-            if side:
+            if side is not None:  # None: dropped
                 result = FrameResult(slot["frame"][:side, :side].copy() if picture
                                      else _NO_PICTURE, slot["coefficients"].copy())
             if not future.done():
@@ -447,9 +447,9 @@ class _Worker:
             v = self.views[index]
             try:
                 future = self.service.submit(FrameInput(slot, v["mel"], v["knobs"], v["clock"]),
-                                             deadline)
+                                             deadline, picture=bool(v["frame"].shape[0]))
             except KeyError:  # a portrait released meanwhile
-                self.send(("done", index, 0))
+                self.send(("done", index, None))
                 return
             self.in_flight += 1
             future.add_done_callback(functools.partial(self.finished, index))
@@ -477,11 +477,11 @@ class _Worker:
             return
         result = None if future.cancelled() else future.result()
         if result is None:
-            self.send(("done", index, 0))
+            self.send(("done", index, None))
             return
-        side = result.frame.shape[0]
+        side = result.frame.shape[0]  # 0: the coefficients alone
         view = self.views[index]
-        if view["frame"].shape[0]:  # a motion-only slot has no room for the picture
+        if side:
             view["frame"][:side, :side] = result.frame
         view["coefficients"][:] = result.coefficients
         self.send(("done", index, side))
@@ -501,8 +501,9 @@ class _Worker:
             self.slots.add(slot)
         return slot
 
-    async def warm_up(self, batch: list[FrameInput]) -> dict[int, float]:
-        await self.service.warm_up(batch)
+    async def warm_up(self, shape: tuple[list[FrameInput], bool]) -> dict[int, float]:
+        batch, picture = shape
+        await self.service.warm_up(batch, picture=picture)
         return self.server.capacity()
 
     def disconnect(self) -> None:
@@ -549,7 +550,8 @@ class _Server:
             pass
 
     def capacity(self) -> dict[int, float]:
-        return {s: self.service.capacity_fps(s) for s in self.sizes}
+        """Engine frames per second by frame size, NO_PICTURE (coefficients alone) too."""
+        return {s: self.service.capacity_fps(s) for s in (*self.sizes, NO_PICTURE)}
 
     def on_batch(self, size: int, seconds: float) -> None:
         self.tell_front_door(("batch", size, seconds))

@@ -22,21 +22,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inference.engine import BatchOutput, Engine, FrameInput
+from inference.engine import NO_PICTURE, BatchOutput, Engine, FrameInput
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class FrameResult:
-    frame: np.ndarray  # uint8 (H, W, 3) RGB
+    frame: np.ndarray  # uint8 (H, W, 3) RGB; (0, 0, 3) for a request without a picture
     coefficients: np.ndarray  # float32 (K,)
 
 
 @dataclass(eq=False)
 class FrameRequest:
     input: FrameInput
-    size: int  # frame side: only requests of one size batch together
+    size: int  # frame side (NO_PICTURE: coefficients only): one size to a batch
     deadline: float  # loop time by which the frame must be ready
     submitted: float
     future: asyncio.Future[FrameResult | None] = field(repr=False)
@@ -310,16 +310,21 @@ def _has_portrait(engine: Engine, slot: int) -> bool:
     return True
 
 
-def timed_run(engine: Engine, batch: list[FrameInput]) -> BatchRun:
-    """Run a batch and time it where it runs (the engine's thread): seconds measured on the
-    event loop would add the loop's own delay in resuming, and a busy loop would then make
-    the engine look slow, shrink every batch and drop frames that were never late.
+def timed_run(engine: Engine, batch: list[FrameInput], picture: bool = True) -> BatchRun:
+    """Run a batch (``run``, or ``run_motion`` without ``picture``) and time it where it
+    runs (the engine's thread): seconds measured on the event loop would add the loop's own
+    delay in resuming, and a busy loop would then make the engine look slow, shrink every
+    batch and drop frames that were never late.
 
     Frames whose portrait was released while the batch waited (their session ended) are
     left out, so one session ending cannot fail a batch it shares with others."""
     ran = [i for i, frame in enumerate(batch) if _has_portrait(engine, frame.slot)]
+    inputs = [batch[i] for i in ran]
     start = time.perf_counter()
-    output = engine.run([batch[i] for i in ran]) if ran else None
+    output = None
+    if ran:
+        output = engine.run(inputs) if picture else \
+            BatchOutput.motion(engine.run_motion(inputs))
     return BatchRun(output, ran, time.perf_counter() - start)
 
 
@@ -416,25 +421,32 @@ class Scheduler:
                 self._finish_dropped(request, "stopped")
         self._in_flight.clear()
 
-    async def warm_up(self, batch: list[FrameInput], runs: int = WARM_UP_RUNS) -> None:
+    async def warm_up(self, batch: list[FrameInput], runs: int = WARM_UP_RUNS, *,
+                      picture: bool = True) -> None:
         """Run a batch shape once untimed (first runs allocate), then ``runs`` times into
         the estimate, whose median then sets the capacity admission starts from: a single
         run on a busy core made it differ by half from one start to the next."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.engine.run, batch)
+        size = self.engine.frame_size(batch[0].slot) if picture else NO_PICTURE
+        await loop.run_in_executor(self._executor, timed_run, self.engine, batch, picture)
         for _ in range(runs):
-            run = await loop.run_in_executor(self._executor, timed_run, self.engine, batch)
-            self.estimate.update(self.engine.frame_size(batch[0].slot), len(batch),
-                                 run.seconds, at=loop.time())
+            run = await loop.run_in_executor(self._executor, timed_run, self.engine, batch,
+                                             picture)
+            self.estimate.update(size, len(batch), run.seconds, at=loop.time())
 
-    def submit(self, frame: FrameInput, deadline: float) -> asyncio.Future[FrameResult | None]:
+    def submit(self, frame: FrameInput, deadline: float, *, picture: bool = True
+               ) -> asyncio.Future[FrameResult | None]:
+        """Queue one frame (without ``picture``, its coefficients alone); raises KeyError
+        for a portrait slot that is not (or no longer) in the engine."""
         loop = asyncio.get_running_loop()
+        size = self.engine.frame_size(frame.slot)
+        if not picture:
+            size = NO_PICTURE
         future: asyncio.Future[FrameResult | None] = loop.create_future()
         if len(self._pending) >= self.max_pending:
             oldest = self._pending.oldest()
             if oldest is not None:
                 self._finish_dropped(self._pending.take(oldest), "overflow")
-        size = self.engine.frame_size(frame.slot)
         self._pending.push(FrameRequest(frame, size, deadline, loop.time(), future))
         self._wakeup.set()
         return future
@@ -490,7 +502,8 @@ class Scheduler:
         if len(self._in_flight) == 1:
             self._started(flight, loop.time())
         future = loop.run_in_executor(self._executor, timed_run, self.engine,
-                                      [r.input for r in requests])
+                                      [r.input for r in requests],
+                                      requests[0].size != NO_PICTURE)
         future.add_done_callback(lambda done: self._finished(flight, done))
 
     def _started(self, flight: _Flight, now: float) -> None:

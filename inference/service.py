@@ -50,8 +50,9 @@ class Inference(Protocol):
         ``picture`` only its coefficients need come back (its picture may be empty)."""
         ...
 
-    async def warm_up(self, batch: list[FrameInput]) -> None:
-        """Run a batch shape untimed, then once into the capacity estimate."""
+    async def warm_up(self, batch: list[FrameInput], *, picture: bool = True) -> None:
+        """Run a batch shape (``picture`` or coefficients alone) untimed, then into the
+        capacity estimate."""
         ...
 
     def capacity_fps(self, frame_size: int) -> float: ...
@@ -100,10 +101,10 @@ class InlineInference:
 
     def submit(self, frame: FrameInput, deadline: float, *, picture: bool = True
                ) -> asyncio.Future[FrameResult | None]:
-        return self.scheduler.submit(frame, deadline)
+        return self.scheduler.submit(frame, deadline, picture=picture)
 
-    async def warm_up(self, batch: list[FrameInput]) -> None:
-        await self.scheduler.warm_up(batch)
+    async def warm_up(self, batch: list[FrameInput], *, picture: bool = True) -> None:
+        await self.scheduler.warm_up(batch, picture=picture)
 
     def capacity_fps(self, frame_size: int) -> float:
         return self.scheduler.capacity_fps(frame_size)

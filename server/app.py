@@ -45,14 +45,19 @@ async def _warm_up(state: ServerState) -> None:
     manifest = state.manifest
     silence = np.full((manifest.window_frames, manifest.features.n_mels),
                       np.log10(manifest.features.floor), np.float32)
+    batches = sorted({1, 2, state.inference.max_batch})
     for size in state.settings.video.allowed_sizes:
         log.info("warming the engine at %dx%d", size, size)
         handle = await state.avatars.acquire(DEFAULT_AVATAR, size)
         try:
             frame = FrameInput.for_frame(handle.slot, 0, manifest.fps, silence,
                                          manifest.knob_vector({}), 0.0)
-            for batch in sorted({1, 2, state.inference.max_batch}):
+            for batch in batches:
                 await state.inference.warm_up([frame] * batch)
+            if size == state.settings.video.size and state.settings.session.max_motion_sessions:
+                log.info("warming the engine's motion-only path")
+                for batch in batches:
+                    await state.inference.warm_up([frame] * batch, picture=False)
         finally:
             state.avatars.release(handle)
 

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from inference.engine import Manifest
+from inference.engine import NO_PICTURE, Manifest
 from inference.inference_process import InferenceProcess, unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
 from server.access import Access
@@ -251,9 +251,9 @@ class FrontDoor:
                         sessions[size] = sessions.get(size, 0) + \
                             max(0, placed - answering.get(size, 0))
                 counts[motion] = sessions
-            out.append(WorkerLoad(worker.index, worker.spec.gpu, counts[False],
-                                  {int(k): v for k, v in
-                                   health["capacity_fps_by_size"].items()},
+            capacity = {int(k): v for k, v in health["capacity_fps_by_size"].items()}
+            capacity[NO_PICTURE] = health["motion_capacity_fps"]
+            out.append(WorkerLoad(worker.index, worker.spec.gpu, counts[False], capacity,
                                   motion=counts[True], loop_load=health["loop_load"],
                                   measured_cost=health["loop_load_cost"]))
         return out
@@ -384,6 +384,8 @@ async def healthz(request: web.Request) -> web.Response:
         "runtime": door.runtime,
         "runtime_verified": door.runtime in VERIFIED,
         "capacity_fps": round(sum(capacity.values()), 1),
+        "motion_capacity_fps": round(sum(
+            {load.gpu: load.capacity_fps.get(NO_PICTURE, 0.0) for load in loads}.values()), 1),
         "session_capacity": min(settings.session.max_sessions, int(sum(
             c * settings.session.max_engine_load // fps for c in capacity.values()))),
         # The busiest GPU's share of its engine's capacity (one GPU: as a single server).

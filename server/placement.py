@@ -11,6 +11,8 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from inference.engine import NO_PICTURE
+
 #: A motion-only session's media cost against a 256x256 video session's. It has no encoder
 #: and no video packets, but its audio both ways, its features and its data channel
 #: (aiortc's SCTP is Python) remain: 0.064 cores a session against 0.106 on the H200 host,
@@ -41,7 +43,8 @@ class WorkerLoad:
     index: int
     gpu: int  # the inference process it feeds
     sessions: dict[int, int]  # its live and reserved video sessions, by frame side
-    capacity_fps: dict[int, float]  # its GPU's measured engine capacity, by frame side
+    #: Its GPU's measured engine capacity, by frame side (NO_PICTURE: coefficients alone).
+    capacity_fps: dict[int, float]
     motion: dict[int, int] = field(default_factory=dict)  # motion-only sessions, by side
     #: Its event loop's measured CPU share, and the media cost of the sessions it carried
     #: then (its own count, without offers reserved since): the cost of one more follows.
@@ -68,12 +71,12 @@ class WorkerLoad:
         return self.loop_load * (self.media_cost + cost) / self.measured_cost
 
     def frames(self) -> dict[int, int]:
-        """Sessions the engine renders for, video and motion-only, by frame side."""
-        return {size: self.sessions.get(size, 0) + self.motion.get(size, 0)
-                for size in self.sessions.keys() | self.motion.keys()}
+        """Sessions the engine runs for: video by frame side, motion-only as NO_PICTURE."""
+        return {**self.sessions, NO_PICTURE: self.motion_count}
 
     def frame_cost(self, size: int, fps: int) -> float:
-        """Share of its GPU's engine one session of this side takes (0 before measured)."""
+        """Share of its GPU's engine one session of this side (NO_PICTURE: motion-only)
+        takes (0 before measured)."""
         capacity = self.capacity_fps.get(size, 0.0)
         return fps / capacity if capacity > 0 else 0.0
 
@@ -147,8 +150,9 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
     if not room:
         raise Refused(f"every media worker's event loop would pass session.max_worker_load="
                       f"{limits.max_worker_load} with another {kind}{size}x{size} session")
+    frames = NO_PICTURE if motion_only else size
     fits = [load for load in room
-            if gpus[load.gpu] + load.frame_cost(size, limits.fps) <= limits.max_engine_load]
+            if gpus[load.gpu] + load.frame_cost(frames, limits.fps) <= limits.max_engine_load]
     if not fits:
         busiest = min(gpus[load.gpu] for load in room)
         raise Refused(f"the engine is at {busiest:.0%} of its measured capacity; another "

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiortc import RTCPeerConnection
 
-from inference.engine import Manifest
+from inference.engine import NO_PICTURE, Manifest
 from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
@@ -56,14 +56,16 @@ class SessionManager:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def _frame_cost(self, size: int) -> float:
-        """Share of the engine one session of this frame size takes, by measured capacity."""
-        capacity = self.inference.capacity_fps(size)
+    def _frame_cost(self, size: int, motion_only: bool = False) -> float:
+        """Share of the engine one session of this frame size (or motion-only, the
+        coefficients alone) takes, by measured capacity."""
+        capacity = self.inference.capacity_fps(NO_PICTURE if motion_only else size)
         return self.settings.video.fps / capacity if capacity > 0 else 0.0
 
     def engine_load(self) -> float:
         """Share of the engine's measured capacity the live sessions need at full frame rate."""
-        return sum(self._frame_cost(s.avatar.size) for s in self._sessions.values())
+        return sum(self._frame_cost(s.avatar.size, s.motion_only)
+                   for s in self._sessions.values())
 
     def count_by_size(self, *, answering: bool = False, motion_only: bool = False
                       ) -> dict[str, int]:
@@ -116,8 +118,8 @@ class SessionManager:
             sum(m == motion_only for _, m in self._reserved)
         if alike >= most:
             raise AtCapacity(f"server holds its maximum of {most} {kind}sessions")
-        load = self.engine_load() + sum(self._frame_cost(s) for s, _ in self._reserved)
-        if load + self._frame_cost(size) > limits.max_engine_load:
+        load = self.engine_load() + sum(self._frame_cost(s, m) for s, m in self._reserved)
+        if load + self._frame_cost(size, motion_only) > limits.max_engine_load:
             raise AtCapacity(f"the engine is at {load:.0%} of its measured capacity; another "
                              f"{size}x{size} session would pass session.max_engine_load="
                              f"{limits.max_engine_load}")

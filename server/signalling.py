@@ -19,7 +19,7 @@ import cv2
 from aiohttp import BodyPartReader, WSMsgType, web
 from aiortc import RTCPeerConnection
 
-from inference.engine import KNOBS
+from inference.engine import KNOBS, NO_PICTURE
 from inference.images import PortraitError
 from inference.runtimes import VERIFIED
 from server.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
@@ -218,6 +218,8 @@ async def healthz(request: web.Request) -> web.Response:
                                                                  motion_only=True),
         "capacity_fps_by_size": {str(s): round(state.inference.capacity_fps(s), 1)
                                  for s in state.settings.video.allowed_sizes},
+        # Frames per second of coefficients alone (motion-only sessions' engine work).
+        "motion_capacity_fps": round(state.inference.capacity_fps(NO_PICTURE), 1),
         # Share of each second the event loop's thread is on CPU (server/load.py).
         "loop_load": round(state.loop_load.value, 3),
         # ... and the media cost of the sessions that measure holds (server/placement.py).

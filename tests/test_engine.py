@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -163,6 +164,13 @@ def test_manifest_describes_the_shipped_graph() -> None:
     assert shapes(model.graph.output) == {o["name"]: o["shape"] for o in declared["outputs"]}
     assert shapes(model.graph.input)["mel"] == ["batch", WINDOW, 80]
     assert shapes(model.graph.output)["coefficients"] == ["batch", len(COEFFICIENTS)]
+    assert manifest.motion_onnx is not None
+    motion = onnx.load(manifest.motion_onnx)
+    onnx.checker.check_model(motion)
+    assert [i.name for i in motion.graph.input] == declared["motion_inputs"]
+    assert shapes(motion.graph.input) == {
+        i["name"]: i["shape"] for i in declared["inputs"] if i["name"] in declared["motion_inputs"]}
+    assert shapes(motion.graph.output) == {"coefficients": ["batch", len(COEFFICIENTS)]}
 
 
 def test_silence_keeps_the_mouth_closed(
@@ -358,6 +366,47 @@ def test_batch_of_three_equals_three_single_runs(
         engine.release(other)
 
 
+def test_the_motion_graph_gives_the_rendered_coefficients_of_mixed_sizes(
+    engine: OnnxRuntimeEngine, slot256: int, speech: np.ndarray
+) -> None:
+    """Motion-only sessions' frames skip the renderer: a batch of any portrait sizes gets
+    the coefficients rendering would have given, from the shipped motion graph."""
+    assert engine.motion_session is not None
+    slot512 = engine.prepare(astronaut(512))
+    try:
+        features = StreamingLogMel(engine.manifest.features)
+        features.push(speech)
+        inputs = [FrameInput(slot, features.window(start, WINDOW),
+                             np.array([scale, 1.0], np.float32),
+                             np.array([start / 25, 3.0], np.float32))
+                  for slot, start, scale in ((slot256, 40, 1.0), (slot512, 64, 1.5),
+                                             (slot256, 120, 0.5), (slot512, -4, 1.0))]
+        motion = engine.run_motion(inputs)
+        assert motion.shape == (4, len(COEFFICIENTS)) and motion.dtype == np.float32
+        for k, item in enumerate(inputs):
+            np.testing.assert_allclose(engine.run([item]).coefficients[0], motion[k],
+                                       rtol=0, atol=1e-6)
+        assert motion[0, 0] != motion[1, 0]  # not one row repeated
+    finally:
+        engine.release(slot512)
+
+
+def test_without_a_motion_graph_the_coefficients_come_from_rendering(
+    slot256: int, speech: np.ndarray
+) -> None:
+    """A model that ships no motion graph still serves motion-only sessions."""
+    bare = OnnxRuntimeEngine(dataclasses.replace(Manifest.load(MANIFEST), motion_onnx=None))
+    slots = [bare.prepare(astronaut(256)), bare.prepare(astronaut(512))]
+    features = StreamingLogMel(bare.manifest.features)
+    features.push(speech)
+    inputs = [FrameInput(slot, features.window(50, WINDOW), np.ones(2, np.float32),
+                         np.array([2.0, 0.0], np.float32)) for slot in slots]
+    reference = OnnxRuntimeEngine(Manifest.load(MANIFEST))
+    np.testing.assert_allclose(bare.run_motion(inputs), reference.run_motion(
+        [dataclasses.replace(i, slot=reference.prepare(astronaut(256))) for i in inputs]),
+        rtol=0, atol=1e-6)
+
+
 def test_256_and_512_portraits(engine: OnnxRuntimeEngine, slot256: int, speech: np.ndarray) -> None:
     slot512 = engine.prepare(astronaut(512))
     try:
@@ -503,6 +552,7 @@ def test_export_reproduces_the_shipped_onnx(tmp_path: Path) -> None:
     shipped = json.loads(MANIFEST.read_text())
     if shipped.get("exported_with", {}).get("torch") != torch.__version__:
         pytest.skip(f"shipped ONNX was exported with torch {shipped.get('exported_with')}")
-    onnx_path, json_path = export(tmp_path)
+    onnx_path, motion_path, json_path = export(tmp_path)
     assert onnx_path.read_bytes() == (MANIFEST.parent / shipped["onnx"]).read_bytes()
+    assert motion_path.read_bytes() == (MANIFEST.parent / shipped["motion_onnx"]).read_bytes()
     assert json_path.read_text() == MANIFEST.read_text()

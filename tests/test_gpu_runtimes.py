@@ -252,6 +252,15 @@ def test_bank_grows_and_release_during_a_batch_is_deferred() -> None:
     assert row_of_released in engine._banks[256].free
 
 
+def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
+    onnx = OnnxRuntimeEngine(manifest())
+    engine = torch_engine(device="cpu")
+    slots = [engine.prepare(portrait(256)), engine.prepare(portrait(512))]
+    batch = frames(slots, 12)
+    np.testing.assert_allclose(engine.run_motion(batch), onnx.run_motion(
+        frames([onnx.prepare(portrait(256))], 12)), atol=5e-4)
+
+
 # ---------------------------------------------------------------------- CUDA path
 @needs_cuda
 @pytest.mark.parametrize("size", [256, 512])
@@ -269,6 +278,20 @@ def test_torch_cuda_fp16_matches_onnxruntime(size: int, opts: dict[str, object])
           f"{np.abs(out.coefficients - ref.coefficients).max():.2e}")
     assert_close(out.frames, ref.frames, 32, 1.0, outlier_grey=8)
     np.testing.assert_allclose(out.coefficients, ref.coefficients, atol=1e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp16", "amp"])
+def test_torch_cuda_motion_alone_matches_the_onnx_motion_graph(precision: str) -> None:
+    onnx = OnnxRuntimeEngine(manifest())
+    engine = torch_engine(device="cuda", batch_sizes=(1, 4, 16), precision=precision,
+                          compile=False)
+    slots = [engine.prepare(portrait(256)), engine.prepare(portrait(512))]
+    count = len(windows())
+    out = engine.run_motion(frames(slots, count))
+    assert np.isfinite(out).all()  # FP32 even under amp: silence gives no NaN
+    np.testing.assert_allclose(out, onnx.run_motion(
+        frames([onnx.prepare(portrait(256))], count)), atol=5e-4)
 
 
 @needs_cuda

@@ -96,3 +96,13 @@ async def test_a_motion_only_offer_without_a_data_channel_or_with_a_bad_flag_is_
 def _created(exposition: str) -> float:
     return sum(float(line.split()[-1]) for line in exposition.splitlines()
                if line.startswith("sonic_sessions_total"))
+
+
+async def test_the_engine_makes_motion_only_frames_without_rendering(server):
+    """Their coefficients come from the model's motion graph: admission counts them at what
+    that costs the engine, measured at start-up, a small part of a rendered frame."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.url}/healthz") as r:
+            health = await r.json()
+    rendered = health["capacity_fps"]  # at the default size, 256x256
+    assert rendered > 0 and health["motion_capacity_fps"] > 5 * rendered

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inference.engine import NO_PICTURE
 from server.load import HostModel
 from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 
@@ -46,7 +47,7 @@ def test_an_engine_not_yet_measured_does_not_refuse():
     assert place([unmeasured], 512, LIMITS) == 0
 
 
-def test_motion_only_sessions_have_their_own_caps_and_still_load_the_engine():
+def test_motion_only_sessions_have_their_own_caps_and_load_the_engine_by_their_own_cost():
     limits = Limits(max_sessions=2, worker_sessions=1, max_engine_load=0.9, fps=25,
                     max_motion_sessions=5, worker_motion_sessions=3)
     full_of_video = [WorkerLoad(0, 0, {256: 1}, CAPACITY), WorkerLoad(1, 0, {256: 1}, CAPACITY)]
@@ -62,10 +63,19 @@ def test_motion_only_sessions_have_their_own_caps_and_still_load_the_engine():
     with pytest.raises(Refused, match="maximum of 5 motion-only sessions"):
         place([motion[0], WorkerLoad(1, 0, {}, CAPACITY, motion={256: 2})], 256, limits,
               motion_only=True)
-    # ... but the engine renders their frames all the same.
-    assert engine_loads(motion, 25) == pytest.approx({0: 0.4})
+    # ... and load the engine by what their coefficients alone cost it (or nothing before
+    # that is measured).
+    assert engine_loads(motion, 25) == pytest.approx({0: 0.0})
+    cheap = {**CAPACITY, NO_PICTURE: 1000.0}  # a motion-only session takes 2.5%
+    motion = [WorkerLoad(0, 0, {}, cheap, motion={256: 3}),
+              WorkerLoad(1, 0, {}, cheap, motion={512: 1})]
+    assert engine_loads(motion, 25) == pytest.approx({0: 0.1})
+    roomy = Limits(max_sessions=10, worker_sessions=10, max_engine_load=0.9, fps=25,
+                   max_motion_sessions=20, worker_motion_sessions=20)
+    assert place([WorkerLoad(0, 0, {512: 3}, cheap, motion={256: 5})], 512, roomy,
+                 motion_only=True) == 0  # 0.75 + 6 x 0.025 = 0.9
     with pytest.raises(Refused, match="max_engine_load"):
-        place([WorkerLoad(0, 0, {512: 3}, CAPACITY, motion={256: 1})], 256, limits,
+        place([WorkerLoad(0, 0, {512: 3}, cheap, motion={256: 6})], 256, roomy,
               motion_only=True)
 
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from inference.engine import BatchOutput, FrameInput
+from inference.engine import NO_PICTURE, BatchOutput, FrameInput
 from inference.model.timing import TIMING
 from inference.scheduler import Scheduler
 
@@ -30,6 +30,7 @@ class FakeEngine:
         self.gate.set()
         self.fail = False
         self.batches: list[int] = []  # sizes, as each batch started running
+        self.motion_batches: list[int] = []  # ... of run_motion's batches
         self.released: set[int] = set()  # portrait slots released, as a session ends
 
     def frame_size(self, slot: int) -> int:
@@ -48,6 +49,13 @@ class FakeEngine:
         marks = [int(f.clock[0]) for f in batch]
         frames = np.stack([np.full((2, 2, 3), m % 256, np.uint8) for m in marks])
         return BatchOutput(frames, np.array([[m] for m in marks], np.float32))
+
+    def run_motion(self, batch: list[FrameInput]) -> np.ndarray:
+        for f in batch:
+            self.frame_size(f.slot)
+        self.motion_batches.append(len(batch))
+        time.sleep(self.seconds / 10)  # no renderer: far cheaper
+        return np.array([[int(f.clock[0])] for f in batch], np.float32)
 
 
 def frame(mark: int, slot: int = 0) -> FrameInput:
@@ -84,6 +92,23 @@ async def test_each_request_gets_its_own_frame() -> None:
     assert drops == []
     assert [int(r.coefficients[0]) for r in results] == list(range(40))
     assert [int(r.frame[0, 0, 0]) for r in results] == list(range(40))
+
+
+async def test_coefficient_only_requests_batch_apart_and_skip_the_renderer() -> None:
+    engine = FakeEngine()
+    scheduler, drops = await started(engine)
+    await scheduler.warm_up([frame(0)] * 2, picture=False)
+    runs_before = list(engine.batches)
+    futures = [scheduler.submit(frame(i), soon(), picture=i % 2 == 0) for i in range(40)]
+    results = await asyncio.gather(*futures)
+    await scheduler.stop()
+    assert drops == [] and runs_before == []  # warming the motion path rendered nothing
+    assert [int(r.coefficients[0]) for r in results] == list(range(40))
+    assert all(r.frame.shape == (2, 2, 3) for r in results[::2])
+    assert all(r.frame.shape == (0, 0, 3) for r in results[1::2])
+    assert sum(engine.batches) == 20 and sum(engine.motion_batches) == 20 + 2 * 6
+    # Their engine time is kept apart, so admission sees how cheap they are.
+    assert scheduler.capacity_fps(NO_PICTURE) > 3 * scheduler.capacity_fps(SIZE) > 0
 
 
 async def test_engine_time_is_measured_where_the_engine_runs() -> None:

@@ -1,4 +1,5 @@
-"""Export sonic-lite to ``engines/sonic-lite.onnx`` plus its manifest.
+"""Export sonic-lite to ``engines/sonic-lite.onnx`` plus its manifest, and its motion graph
+(the coefficients alone, for motion-only sessions) to ``engines/sonic-lite-motion.onnx``.
 
 Run ``python -m inference.model.export`` (needs the ``dev`` extra: torch, onnx). The
 output is byte-for-byte deterministic, so a re-export only shows up in a diff when the
@@ -20,7 +21,7 @@ from inference.engine import GEOMETRY_NAMES, KNOB_NAMES
 from inference.face_detect import FaceBox
 from inference.face_geometry import geometry_from_face_box
 from inference.model.audio_head import HEAD_WEIGHTS
-from inference.model.sonic_lite import COEFFICIENT_NAMES, SonicLite
+from inference.model.sonic_lite import COEFFICIENT_NAMES, MotionGraph, SonicLite
 from inference.model.timing import TIMING
 
 NAME = "sonic-lite"
@@ -38,6 +39,9 @@ OUTPUTS: dict[str, list[str | int]] = {
     "frame": ["batch", "height", "width", 3],
     "coefficients": ["batch", len(COEFFICIENT_NAMES)],
 }
+#: The motion graph: the same model without its portrait and renderer.
+MOTION_INPUTS = ("mel", "knobs", "clock")
+MOTION_OUTPUTS = ("coefficients",)
 DTYPES = {
     "mel": "float32",
     "portrait": "float32",
@@ -70,7 +74,7 @@ def example_inputs(batch: int = 2, size: int = 64) -> tuple[torch.Tensor, ...]:
     )
 
 
-def manifest(onnx_name: str) -> dict[str, object]:
+def manifest(onnx_name: str, motion_name: str) -> dict[str, object]:
     return {
         "name": NAME,
         "description": (
@@ -81,6 +85,7 @@ def manifest(onnx_name: str) -> dict[str, object]:
         ),
         "audio_head": json.loads(HEAD_WEIGHTS.with_suffix(".json").read_text()),
         "onnx": onnx_name,
+        "motion_onnx": motion_name,
         "fps": TIMING.fps,
         "features": dataclasses.asdict(TIMING.features),
         "window_frames": TIMING.window_frames,
@@ -91,41 +96,56 @@ def manifest(onnx_name: str) -> dict[str, object]:
         "opset": OPSET,
         "inputs": [{"name": k, "dtype": DTYPES[k], "shape": v} for k, v in INPUTS.items()],
         "outputs": [{"name": k, "dtype": DTYPES[k], "shape": v} for k, v in OUTPUTS.items()],
+        "motion_inputs": list(MOTION_INPUTS),
+        "motion_outputs": list(MOTION_OUTPUTS),
         "portrait_sizes": list(PORTRAIT_SIZES),
         "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__},
     }
 
 
-def export(out_dir: Path) -> tuple[Path, Path]:
-    """Write ``<NAME>.onnx`` and ``<NAME>.json`` into ``out_dir``; returns both paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    onnx_path = out_dir / f"{NAME}.onnx"
-    json_path = out_dir / f"{NAME}.json"
+def _export_graph(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                  input_names: list[str], output_names: list[str], path: Path) -> None:
+    """Trace ``module`` to ONNX at ``path``, checked, byte-for-byte deterministic."""
     dynamic = {
         name: {i: str(d) for i, d in enumerate(shape) if isinstance(d, str)}
         for name, shape in {**INPUTS, **OUTPUTS}.items()
+        if name in input_names or name in output_names
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer chatter about shape-dependent arange
         torch.onnx.export(
-            build_model(),
-            example_inputs(),
-            str(onnx_path),
-            input_names=list(INPUTS),
-            output_names=list(OUTPUTS),
+            module,
+            inputs,
+            str(path),
+            input_names=input_names,
+            output_names=output_names,
             dynamic_axes=dynamic,
             opset_version=OPSET,
             dynamo=False,
             do_constant_folding=True,
         )
-    model = onnx.load(str(onnx_path))
+    model = onnx.load(str(path))
     model.doc_string = "sonic-lite talking head (Apache-2.0)"
     for node in model.graph.node:
         node.doc_string = ""
     onnx.checker.check_model(model, full_check=True)
-    onnx_path.write_bytes(model.SerializeToString(deterministic=True))
-    json_path.write_text(json.dumps(manifest(onnx_path.name), indent=2) + "\n")
-    return onnx_path, json_path
+    path.write_bytes(model.SerializeToString(deterministic=True))
+
+
+def export(out_dir: Path) -> tuple[Path, Path, Path]:
+    """Write ``<NAME>.onnx``, ``<NAME>-motion.onnx`` and ``<NAME>.json`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path = out_dir / f"{NAME}.onnx"
+    motion_path = out_dir / f"{NAME}-motion.onnx"
+    json_path = out_dir / f"{NAME}.json"
+    model = build_model()
+    inputs = example_inputs()
+    _export_graph(model, inputs, list(INPUTS), list(OUTPUTS), onnx_path)
+    named = dict(zip(INPUTS, inputs, strict=True))
+    _export_graph(MotionGraph(model), tuple(named[k] for k in MOTION_INPUTS),
+                  list(MOTION_INPUTS), list(MOTION_OUTPUTS), motion_path)
+    json_path.write_text(json.dumps(manifest(onnx_path.name, motion_path.name), indent=2) + "\n")
+    return onnx_path, motion_path, json_path
 
 
 def main() -> None:

@@ -172,12 +172,27 @@ class SonicLite(nn.Module):
         pitch = pitch + 1.2 * deg * nod  # chin dips a little while talking
         return blink, dynamic_scale * pitch, dynamic_scale * yaw, dynamic_scale * roll
 
-    def forward(
-        self, mel: Tensor, portrait: Tensor, geometry: Tensor, knobs: Tensor, clock: Tensor
-    ) -> tuple[Tensor, Tensor]:
+    def motion(self, mel: Tensor, knobs: Tensor, clock: Tensor) -> Tensor:
+        """The coefficients alone: all a motion-only session needs (the motion graph)."""
         knobs = knobs.clamp(0.0, 2.0)
         motion_scale, dynamic_scale = knobs[:, 0], knobs[:, 1]
         speech = (self.head(mel) * motion_scale[:, None]).clamp(0.0, 1.0)
         blink, pitch, yaw, roll = self.idle_motion(clock, speech[:, 0], dynamic_scale)
-        coeffs = torch.cat([speech, torch.stack([blink, blink, pitch, yaw, roll], 1)], 1)
+        return torch.cat([speech, torch.stack([blink, blink, pitch, yaw, roll], 1)], 1)
+
+    def forward(
+        self, mel: Tensor, portrait: Tensor, geometry: Tensor, knobs: Tensor, clock: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        coeffs = self.motion(mel, knobs, clock)
         return self.renderer(portrait, geometry, coeffs), coeffs
+
+
+class MotionGraph(nn.Module):
+    """``SonicLite.motion`` as a module of its own, so it exports as a graph of its own."""
+
+    def __init__(self, model: SonicLite) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, mel: Tensor, knobs: Tensor, clock: Tensor) -> Tensor:
+        return self.model.motion(mel, knobs, clock)

@@ -9,11 +9,18 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+from inference.engine import (
+    BatchOutput,
+    FrameInput,
+    Manifest,
+    PreparedPortrait,
+    coefficients_by_rendering,
+)
 from inference.runtimes.slots import batch_slots
 
 _INPUTS = ("mel", "portrait", "geometry", "knobs", "clock")
 _OUTPUTS = ("frame", "coefficients")
+_MOTION_INPUTS = ("mel", "knobs", "clock")
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,16 @@ class _Slot:
     @property
     def size(self) -> int:
         return int(self.chw.shape[1])
+
+
+def _open(path: str, options: ort.SessionOptions, inputs: tuple[str, ...],
+          outputs: tuple[str, ...]) -> ort.InferenceSession:
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    got_in = tuple(i.name for i in session.get_inputs())
+    got_out = tuple(o.name for o in session.get_outputs())
+    if sorted(got_in) != sorted(inputs) or sorted(got_out) != sorted(outputs):
+        raise ValueError(f"{path}: expected I/O {inputs} -> {outputs}, got {got_in} -> {got_out}")
+    return session
 
 
 class OnnxRuntimeEngine:
@@ -41,15 +58,9 @@ class OnnxRuntimeEngine:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(
-            manifest.onnx, options, providers=["CPUExecutionProvider"]
-        )
-        inputs = tuple(i.name for i in self.session.get_inputs())
-        outputs = tuple(o.name for o in self.session.get_outputs())
-        if sorted(inputs) != sorted(_INPUTS) or sorted(outputs) != sorted(_OUTPUTS):
-            raise ValueError(
-                f"{manifest.onnx}: expected I/O {_INPUTS} -> {_OUTPUTS}, got {inputs} -> {outputs}"
-            )
+        self.session = _open(manifest.onnx, options, _INPUTS, _OUTPUTS)
+        self.motion_session = None if manifest.motion_onnx is None else \
+            _open(manifest.motion_onnx, options, _MOTION_INPUTS, ("coefficients",))
         self._mel_shape = (manifest.window_frames, manifest.features.n_mels)
         self._slots: dict[int, _Slot] = {}
         self._ids = itertools.count()
@@ -89,12 +100,25 @@ class OnnxRuntimeEngine:
             except KeyError:
                 raise KeyError(f"unknown or released portrait slot {slot}") from None
 
-    def run(self, batch: list[FrameInput]) -> BatchOutput:
-        with self._lock:
-            slots, _ = batch_slots(self._slots, batch, lambda slot: slot.size)
+    def _check_windows(self, batch: list[FrameInput]) -> None:
         for item in batch:
             if item.mel.shape != self._mel_shape:
                 raise ValueError(f"mel window must be {self._mel_shape}, got {item.mel.shape}")
+
+    def run_motion(self, batch: list[FrameInput]) -> np.ndarray:
+        if self.motion_session is None:
+            return coefficients_by_rendering(self, batch)
+        if not batch:
+            raise ValueError("empty batch")
+        self._check_windows(batch)
+        feeds = {name: np.stack([getattr(item, name) for item in batch]).astype(
+            np.float32, copy=False) for name in _MOTION_INPUTS}
+        return self.motion_session.run(["coefficients"], feeds)[0]
+
+    def run(self, batch: list[FrameInput]) -> BatchOutput:
+        with self._lock:
+            slots, _ = batch_slots(self._slots, batch, lambda slot: slot.size)
+        self._check_windows(batch)
         if len(slots) == 1:
             portrait = slots[0].chw[None]  # a view, no copy
         else:

@@ -37,7 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+from inference.engine import (
+    BatchOutput,
+    FrameInput,
+    Manifest,
+    PreparedPortrait,
+    coefficients_by_rendering,
+)
 from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
@@ -263,6 +269,11 @@ class TensorRtEngine:
             out.append((k, next(b for b in self.batch_sizes if b >= k)))
             n -= k
         return out
+
+    def run_motion(self, batch: list[FrameInput]) -> np.ndarray:
+        """Rendered and thrown away: no engine is built from the motion graph yet (no
+        TensorRT builder can be installed here to check one)."""
+        return coefficients_by_rendering(self, batch)
 
     def run(self, batch: list[FrameInput]) -> BatchOutput:
         cudart = _cudart()

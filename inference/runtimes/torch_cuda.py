@@ -52,7 +52,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from inference.engine import BatchOutput, FrameInput, Manifest, PreparedPortrait
+from inference.engine import (
+    BatchOutput,
+    FrameInput,
+    Manifest,
+    PreparedPortrait,
+    coefficients_by_rendering,
+)
 from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
@@ -398,12 +404,32 @@ class TorchCudaEngine:
         np.stack([np.asarray(i.clock, np.float32) for i in batch], out=out[:n, a : a + 2])
         out[:n, a + 2] = rows
 
-    def run(self, batch: list[FrameInput]) -> BatchOutput:
+    def _check_windows(self, batch: list[FrameInput]) -> None:
         if not batch:
             raise ValueError("empty batch")
         for item in batch:
             if item.mel.shape != self._window:
                 raise ValueError(f"mel window must be {self._window}, got {item.mel.shape}")
+
+    def run_motion(self, batch: list[FrameInput]) -> np.ndarray:
+        """The model's ``motion`` alone, eager and in FP32 (its audio head needs FP32; see
+        the module's notes on ``amp``): no portrait, no renderer, no graphs to capture."""
+        motion = getattr(self.model, "motion", None)
+        if motion is None:
+            return coefficients_by_rendering(self, batch)
+        self._check_windows(batch)
+        inputs = [torch.from_numpy(np.stack([np.asarray(getattr(item, name), np.float32)
+                                             for item in batch]))
+                  for name in ("mel", "knobs", "clock")]
+        with torch.no_grad():
+            if not self.on_cuda:
+                return motion(*inputs).float().numpy()
+            with torch.cuda.device(self.device), torch.cuda.stream(self._compute):
+                out = motion(*(t.to(self.device, non_blocking=True) for t in inputs))
+                return out.float().cpu().numpy()
+
+    def run(self, batch: list[FrameInput]) -> BatchOutput:
+        self._check_windows(batch)
         with self._lock:
             slots, size = batch_slots(self._slots, batch, lambda slot: slot.size)
             bank = self._banks[size]
