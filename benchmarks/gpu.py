@@ -16,7 +16,7 @@ A runtime may carry options after a colon: ``torch-cuda:fp32``, ``torch-cuda:com
 Timing: ``Engine.run`` returns only once its frames are in host memory (it synchronises),
 so a host clock around it measures the whole batch; the baseline synchronises through
 ``.cpu()``. ``--save-data DIR`` writes the speech windows and prepared portraits as .npy
-so a machine without espeak-ng, librosa or Haar cascades can run with ``--data DIR``.
+so a machine without espeak-ng or librosa can run with ``--data DIR``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def _photo() -> bytes:
 
 def measure(way: str, path: str) -> None:
     data = Path(path).read_bytes()
-    detect_face(load_default_avatar())  # the cascades are loaded before measuring
+    detect_face(load_default_avatar())  # the detector is loaded before measuring
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for _ in range(5):

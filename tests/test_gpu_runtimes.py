@@ -78,7 +78,7 @@ def portrait(size: int, mirrored: bool = False) -> PreparedPortrait:
         from inference.portrait import prepare_portrait
 
         p = prepare_portrait(load_default_avatar(), size=size)
-    except Exception:  # e.g. an OpenCV build without Haar cascades
+    except Exception:  # e.g. no ai-edge-litert for the face detector
         if not (DATA / f"portrait_{size}.npy").exists():
             pytest.skip(f"no face detector and no .gpudata/portrait_{size}.npy")
         p = PreparedPortrait(np.load(DATA / f"portrait_{size}.npy"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import struct
 import time
 import zlib
@@ -196,6 +197,19 @@ def test_astronaut_face_and_eyes(astronaut: np.ndarray) -> None:
     assert abs(rx - 246) < 6 and abs(ry - 104) < 6
 
 
+@pytest.mark.parametrize("degrees", [-30, 30])
+def test_a_tilted_head_is_found_with_its_eyes_along_the_tilt(astronaut: np.ndarray,
+                                                           degrees: float) -> None:
+    turn = cv2.getRotationMatrix2D((224, 115), degrees, 1.0)  # counterclockwise on screen
+    tilted = cv2.warpAffine(astronaut, turn, (512, 512), borderMode=cv2.BORDER_REPLICATE)
+    face = detect_face(tilted)
+    (lx, ly), (rx, ry) = face.eye_centres()
+    upright = math.degrees(math.atan2(104 - 102, 246 - 202))
+    assert math.degrees(math.atan2(ry - ly, rx - lx)) == pytest.approx(upright - degrees, abs=5)
+    mouth = turn @ np.array([224.0, 144.0, 1.0])
+    assert math.dist(face.mouth, mouth) < 8
+
+
 def test_largest_face_is_picked(astronaut: np.ndarray) -> None:
     small = cv2.resize(astronaut, (256, 256), interpolation=cv2.INTER_AREA)
     canvas = np.full((768, 1024, 3), 200, np.uint8)
@@ -206,7 +220,7 @@ def test_largest_face_is_picked(astronaut: np.ndarray) -> None:
 
 
 def test_small_face_in_a_large_photo(astronaut: np.ndarray) -> None:
-    # The face is ~6% of the short side: only the finer second pass sees it.
+    # The face is ~6% of the short side: seen small whole, then found again around itself.
     big = cv2.copyMakeBorder(astronaut, 500, 500, 700, 700, cv2.BORDER_REPLICATE)
     face = detect_face(big)
     assert abs(face.centre[0] - (700 + 225)) < 20 and abs(face.centre[1] - (500 + 115)) < 25
@@ -227,7 +241,7 @@ def test_no_face(kind: str) -> None:
 
 
 def test_detection_is_thread_safe(astronaut: np.ndarray) -> None:
-    # Uploads are prepared on worker threads; the shared cascades must not mix them up.
+    # Uploads are prepared on worker threads; the shared detectors must not mix them up.
     expected = detect_face(astronaut)
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda _: detect_face(astronaut), range(8)))
@@ -363,7 +377,7 @@ def test_bad_arguments(astronaut: np.ndarray) -> None:
 
 
 def test_detect_and_prepare_are_fast(astronaut: np.ndarray) -> None:
-    prepare_portrait(astronaut)  # loads the cascades
+    prepare_portrait(astronaut)  # loads the detector and the mesh
     times = []
     for _ in range(5):
         start = time.perf_counter()

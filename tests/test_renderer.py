@@ -207,10 +207,17 @@ def test_a_closed_mouth_opens_onto_teeth_and_leaves_no_line_when_almost_shut(
     renderer: Renderer, closed_crop: np.ndarray, closed_geometry: np.ndarray
 ) -> None:
     box = _box(closed_geometry, "mouth_x", "mouth_y", 30, 12)
-    for jaw in (0.0, 0.02):  # at rest, and barely open: the portrait, no dark line
+    # At rest, and barely open: the portrait's own lips, moved at most a pixel, and nothing
+    # drawn darker than the darkest of the portrait within two rows (its own lip line).
+    gray = _gray(closed_crop)
+    rows = np.pad(gray, ((2, 2), (0, 0)), mode="edge")
+    darkest_near = np.lib.stride_tricks.sliding_window_view(rows, 5, axis=0).min(-1)
+    for jaw in (0.0, 0.02):
         frame = _render(renderer, closed_crop, closed_geometry, jawOpen=jaw)
-        darker = _gray(closed_crop[box]) - _gray(frame[box])
-        assert darker.max() < 20, (jaw, darker.max())
+        darker = darkest_near[box] - _gray(frame[box])
+        assert darker.max() < 5, (jaw, darker.max())
+        if jaw == 0.0:
+            assert np.abs(gray[box] - _gray(frame[box])).max() < 2
     frame = _render(renderer, closed_crop, closed_geometry, jawOpen=1.0)
     column = _gray(frame[_opening_box(closed_geometry, 3)]).mean(1)  # down the centre
     lit, dark = column[:12].max(), column.min()
