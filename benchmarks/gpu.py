@@ -102,21 +102,24 @@ def summarise(latencies: list[float], batch: int) -> dict[str, float]:
 
 
 def measure_engine(engine: Any, slots: list[int], batch: int, windows: np.ndarray,
-                   seconds: float, min_runs: int) -> dict[str, float]:
+                   seconds: float, min_runs: int, picture: bool = True) -> dict[str, float]:
+    """Batches of ``run`` (or ``run_motion``, without ``picture``) back to back."""
+    run = engine.run if picture else engine.run_motion
     inputs = [frames_for(slots, batch, windows, 7 * j) for j in range(4)]
     for j in range(3):
-        engine.run(inputs[j % 4])
+        run(inputs[j % 4])
     latencies: list[float] = []
     end = time.perf_counter() + seconds
     j = 0
     while time.perf_counter() < end or len(latencies) < min_runs:
         start = time.perf_counter()
-        out = engine.run(inputs[j % 4])
+        out = run(inputs[j % 4])
         latencies.append(time.perf_counter() - start)
         del out  # the pinned buffer goes back to the host allocator's cache
         j += 1
     row = summarise(latencies, batch)
-    if getattr(engine, "collect_timings", None) is not None and hasattr(engine, "last_timings"):
+    if picture and getattr(engine, "collect_timings", None) is not None \
+            and hasattr(engine, "last_timings"):
         engine.collect_timings = True
         engine.run(inputs[0])
         row.update({f"gpu_{k}": v for k, v in engine.last_timings.items()})
@@ -200,6 +203,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=32, help="distinct sessions' portraits")
     parser.add_argument("--budget-ms", type=float, default=20.0)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--motion", action="store_true",
+                        help="also time the coefficients alone (motion-only sessions), in "
+                             "rows whose size reads 'none'")
     parser.add_argument("--data", type=Path, help="precomputed windows and portraits")
     parser.add_argument("--save-data", type=Path, help="write them here and exit")
     parser.add_argument("--out", type=Path, help="also write JSON lines here")
@@ -251,6 +257,13 @@ def main() -> None:
                 print(f"{spec:>22} {size:>4} {batch:>4}  p50 {row['p50_ms']:8.2f}  "
                       f"p99 {row['p99_ms']:8.2f}  {row['fps']:9.0f} f/s"
                       + (f"  (gpu {gpu_ms:.2f} ms)" if gpu_ms is not None else ""), flush=True)
+            if args.motion and size == args.sizes[0]:
+                for batch in args.batches:
+                    row = measure_engine(engine, slots, batch, windows, args.seconds,
+                                         args.min_runs, picture=False)
+                    emit({"runtime": spec, "size": "none", "batch": batch, **row})
+                    print(f"{spec:>22} none {batch:>4}  p50 {row['p50_ms']:8.2f}  "
+                          f"p99 {row['p99_ms']:8.2f}  {row['fps']:9.0f} f/s", flush=True)
             for slot in slots:
                 engine.release(slot)
         print(f"{spec}: {time.perf_counter() - start:.0f} s", flush=True)

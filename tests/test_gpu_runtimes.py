@@ -281,14 +281,19 @@ def test_torch_cuda_fp16_matches_onnxruntime(size: int, opts: dict[str, object])
 
 
 @needs_cuda
-@pytest.mark.parametrize("precision", ["fp16", "amp"])
-def test_torch_cuda_motion_alone_matches_the_onnx_motion_graph(precision: str) -> None:
+@pytest.mark.parametrize("opts", [{"precision": "fp16", "compile": False},
+                                  {"precision": "amp", "compile": False},
+                                  {"precision": "fp16", "compile": True},
+                                  {"precision": "fp16", "cuda_graphs": False,
+                                   "compile": False}])
+def test_torch_cuda_motion_alone_matches_the_onnx_motion_graph(opts: dict[str, object]) -> None:
     onnx = OnnxRuntimeEngine(manifest())
-    engine = torch_engine(device="cuda", batch_sizes=(1, 4, 16), precision=precision,
-                          compile=False)
+    engine = torch_engine(device="cuda", batch_sizes=(1, 4, 16), **opts)
     slots = [engine.prepare(portrait(256)), engine.prepare(portrait(512))]
-    count = len(windows())
+    count = len(windows())  # more than the largest graph: chunks, the last one padded
     out = engine.run_motion(frames(slots, count))
+    again = engine.run_motion(frames(slots, 3))  # graphs replayed with fewer rows
+    np.testing.assert_allclose(again, out[:3], atol=1e-5)
     assert np.isfinite(out).all()  # FP32 even under amp: silence gives no NaN
     np.testing.assert_allclose(out, onnx.run_motion(
         frames([onnx.prepare(portrait(256))], count)), atol=5e-4)

@@ -93,6 +93,10 @@ class Renderer(nn.Module):
         # colour, redder.
         self.register_buffer("teeth_tint", torch.tensor([0.97, 0.93, 0.86]), persistent=False)
         self.register_buffer("cavity_tint", torch.tensor([1.0, 0.6, 0.6]), persistent=False)
+        # Where the lip and skin colours are sampled, either side of the mouth's centre (a
+        # buffer: a tensor made on each call would be a host copy, which CUDA graphs forbid).
+        self.register_buffer("colour_offsets", torch.tensor([[-0.04, 0.0, 0.04]]),
+                             persistent=False)
 
     def forward(self, portrait: Tensor, geometry: Tensor, coefficients: Tensor) -> Tensor:
         image = self.render(portrait, geometry, coefficients)
@@ -413,13 +417,11 @@ class Renderer(nn.Module):
         fill = fill + (teeth_col * teeth_lit - fill) * teeth[:, None]
         return warped + (fill - warped) * alpha[:, None]
 
-    @staticmethod
-    def _colours(portrait: Tensor, mx: Tensor, uo: Tensor, ui: Tensor, li: Tensor, lo: Tensor,
-                 nose_y: Tensor) -> tuple[Tensor, Tensor]:
+    def _colours(self, portrait: Tensor, mx: Tensor, uo: Tensor, ui: Tensor, li: Tensor,
+                 lo: Tensor, nose_y: Tensor) -> tuple[Tensor, Tensor]:
         """The portrait's lip colour (mid upper and lower lip, a little either side of the
         centre) and skin colour (above the upper lip), (B, 3) each."""
-        offsets = torch.tensor([-0.04, 0.0, 0.04], device=portrait.device)[None, :]  # (1, 3)
-        xs = mx + offsets
+        xs = mx + self.colour_offsets  # (B, 3)
         lip_pts = torch.cat([torch.stack([xs, (0.5 * (uo + ui)).expand_as(xs)], dim=2),
                              torch.stack([xs, (0.5 * (li + lo)).expand_as(xs)], dim=2)], dim=1)
         skin_y = (0.6 * nose_y + 0.4 * uo).expand_as(xs)

@@ -84,6 +84,15 @@ class _Graph:
 
 
 @dataclass
+class _MotionGraph:
+    """One captured batch profile of the coefficients alone (motion-only sessions)."""
+
+    static_in: torch.Tensor
+    coefficients: torch.Tensor
+    graph: torch.cuda.CUDAGraph
+
+
+@dataclass
 class _Bank:
     """Device-resident portraits of one frame size (one generation; growing makes a new one)."""
 
@@ -176,9 +185,12 @@ class TorchCudaEngine:
         if compile is None:  # measured 2x faster on an H200; ~20 s once, at first capture
             compile = self.on_cuda
         self.compiled = compile
+        self._motion_fn: Callable[[torch.Tensor], torch.Tensor] = self._motion_rows
         if compile:
             # dynamic: one compilation serves every batch size (and frame size).
             self._compute_fn = torch.compile(self._compute_rows, dynamic=True)
+            self._motion_fn = torch.compile(self._motion_rows, dynamic=True)
+        self._motion_graphs: dict[int, _MotionGraph] = {}
 
         self._window = (manifest.window_frames, manifest.features.n_mels)
         self._n_mel = manifest.window_frames * manifest.features.n_mels
@@ -412,21 +424,75 @@ class TorchCudaEngine:
                 raise ValueError(f"mel window must be {self._window}, got {item.mel.shape}")
 
     def run_motion(self, batch: list[FrameInput]) -> np.ndarray:
-        """The model's ``motion`` alone, eager and in FP32 (its audio head needs FP32; see
-        the module's notes on ``amp``): no portrait, no renderer, no graphs to capture."""
-        motion = getattr(self.model, "motion", None)
-        if motion is None:
+        """The model's ``motion`` alone, in FP32 (its audio head needs FP32; see the
+        module's notes on ``amp``): no portrait and no renderer, but the same packed rows,
+        compilation, CUDA graphs per batch size and chunks as ``run``."""
+        if getattr(self.model, "motion", None) is None:
             return coefficients_by_rendering(self, batch)
         self._check_windows(batch)
-        inputs = [torch.from_numpy(np.stack([np.asarray(getattr(item, name), np.float32)
-                                             for item in batch]))
-                  for name in ("mel", "knobs", "clock")]
+        n = len(batch)
         with torch.no_grad():
             if not self.on_cuda:
-                return motion(*inputs).float().numpy()
-            with torch.cuda.device(self.device), torch.cuda.stream(self._compute):
-                out = motion(*(t.to(self.device, non_blocking=True) for t in inputs))
-                return out.float().cpu().numpy()
+                packed = np.empty((n, self._row_len), np.float32)
+                self._pack(batch, [0] * n, packed)
+                return self._motion_rows(torch.from_numpy(packed)).numpy()
+            return self._run_motion_cuda(batch)
+
+    def _motion_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        mel = rows[:, : self._n_mel].unflatten(1, self._window)
+        a = self._n_mel + self._n_knobs
+        return self.model.motion(mel, rows[:, self._n_mel : a], rows[:, a : a + 2]).float()
+
+    def _ensure_motion_graphs(self) -> None:
+        if self._motion_graphs:
+            return
+        pool = torch.cuda.graph_pool_handle()
+        with torch.no_grad(), torch.cuda.device(self.device), _collector_held_off():
+            for rows in sorted(self.batch_sizes, reverse=True):  # largest first: pool reuse
+                static_in = torch.zeros((rows, self._row_len), dtype=torch.float32,
+                                        device=self.device)
+                with torch.cuda.stream(self._compute):
+                    try:
+                        for _ in range(3):  # compile, warm the allocator
+                            self._motion_fn(static_in)
+                    except Exception:
+                        if self._motion_fn == self._motion_rows:
+                            raise
+                        log.exception("torch.compile failed; running the motion uncompiled")
+                        self._motion_fn = self._motion_rows
+                        self._motion_fn(static_in)
+                self._compute.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=self._compute,
+                                      capture_error_mode="thread_local"):
+                    coefficients = self._motion_fn(static_in)
+                self._motion_graphs[rows] = _MotionGraph(static_in, coefficients, graph)
+            torch.cuda.synchronize(self.device)
+        log.info("captured %d CUDA graphs for the motion alone", len(self._motion_graphs))
+
+    def _run_motion_cuda(self, batch: list[FrameInput]) -> np.ndarray:
+        n = len(batch)
+        if self.use_graphs:
+            self._ensure_motion_graphs()
+        host_in, dev_in = self._staging(n)
+        self._pack(batch, [0] * n, host_in.numpy())
+        out = torch.empty((n, self._n_coefficients), dtype=torch.float32, pin_memory=True)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._compute):
+            dev_in[:n].copy_(host_in[:n], non_blocking=True)
+            done = 0
+            for k, padded in self._chunks(n):
+                if self.use_graphs:
+                    g = self._motion_graphs[padded]
+                    g.static_in[:k].copy_(dev_in[done : done + k])
+                    g.graph.replay()
+                    coefficients = g.coefficients
+                else:
+                    coefficients = self._motion_fn(dev_in[done : done + k])
+                # On the stream that replays: the next chunk's replay waits for this copy.
+                out[done : done + k].copy_(coefficients[:k], non_blocking=True)
+                done += k
+            self._compute.synchronize()
+        return out.numpy()
 
     def run(self, batch: list[FrameInput]) -> BatchOutput:
         self._check_windows(batch)
