@@ -31,6 +31,9 @@ _EYE_Y = 0.37
 #: Weighted non-maximum suppression: detections overlapping the best by more than this
 #: (intersection over union) are averaged into it (MediaPipe's own threshold).
 _NMS_IOU = 0.3
+#: The whole picture is looked at through one copy shrunk to at most this side (a 12
+#: megapixel photo is shrunk once, not once per model).
+_OVERVIEW_SIDE = 768
 #: MediaPipe's keypoint order: the eye on the image's left (the subject's right), the
 #: other eye, the nose tip, the mouth centre, then the ears.
 _KP_LEFT_EYE, _KP_RIGHT_EYE, _KP_MOUTH = 0, 1, 3
@@ -106,10 +109,10 @@ class _Detection:
     keypoints: np.ndarray  # float64 (6, 2) in image pixels
 
 
-def _detect(rgb: np.ndarray, detector: _Detector, x0: int = 0, y0: int = 0
-            ) -> list[_Detection]:
+def _detect(rgb: np.ndarray, detector: _Detector, x0: int = 0, y0: int = 0,
+            scale: float = 1.0) -> list[_Detection]:
     """Faces in ``rgb`` (letterboxed into the model's square input), in the pixels of the
-    image it was cut from at (x0, y0)."""
+    image it was cut from at (x0, y0) and then scaled by ``scale``."""
     h, w = rgb.shape[:2]
     side = detector.side
     s = side / max(h, w)
@@ -131,7 +134,7 @@ def _detect(rgb: np.ndarray, detector: _Detector, x0: int = 0, y0: int = 0
         points = np.array([[cx - 0.5 * r[2], cy - 0.5 * r[3]], [cx + 0.5 * r[2], cy + 0.5 * r[3]],
                            *(r[4:].reshape(6, 2) + detector.anchors[i])])
         # Input [0, 1] -> letterbox pixels -> image pixels.
-        points = (points * side - (ox, oy)) / s + (x0, y0)
+        points = (points * side - (ox, oy)) / (s * scale) + (x0, y0)
         found.append(_Detection(float(scores[i]), points[:2].reshape(4), points[2:]))
     return found
 
@@ -198,9 +201,13 @@ def detect_face(rgb: np.ndarray) -> FaceBox:
     (ai-edge-litert missing: a broken install, not a bad picture).
     """
     check_rgb(rgb)
-    faces = _merge(_detect(rgb, _SHORT_RANGE) + _detect(rgb, _FULL_RANGE))
+    h, w = rgb.shape[:2]
+    scale = min(1.0, _OVERVIEW_SIDE / max(h, w))
+    overview = rgb if scale == 1.0 else cv2.resize(
+        rgb, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
+    faces = _merge(_detect(overview, _SHORT_RANGE, scale=scale)
+                   + _detect(overview, _FULL_RANGE, scale=scale))
     if not faces:
-        h, w = rgb.shape[:2]
         faces = _merge([d for x, y, side in _tiles(h, w)
                         for d in _detect(rgb[y:y + side, x:x + side], _FULL_RANGE, x, y)])
     if not faces:
