@@ -102,7 +102,7 @@ _FULL_RANGE = _Detector(TfliteModel("face_detection_full_range.tflite", 192),
                         _anchor_centres(192, ((4, 1),)), 0.6)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: its fields are arrays
 class _Detection:
     score: float
     box: np.ndarray  # float64 (4,): x0, y0, x1, y1 in image pixels
