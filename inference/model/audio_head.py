@@ -74,6 +74,15 @@ class AudioHead(nn.Module):
         axis = torch.linspace(-1.0, 1.0, n_mels)
         self.register_buffer("tilt_axis", axis, persistent=False)
 
+    @classmethod
+    def from_weights(cls, path: str | Path = HEAD_WEIGHTS,
+                     timing: FrameTiming = TIMING) -> AudioHead:
+        """A trained head, as wide as its weights say (its input layer's width)."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        head = cls(timing, hidden=int(state["inp.weight"].shape[0]))
+        head.load_state_dict(state)
+        return head.eval()
+
     def features(self, mel: Tensor) -> Tensor:
         """(B, T, n_mels) log-mel -> (B, n_mels + 2, T) level-normalised channels."""
         mel = torch.where(torch.isnan(mel), torch.full_like(mel, -10.0), mel)

@@ -20,7 +20,7 @@ import torch
 from inference.engine import GEOMETRY_NAMES, KNOB_NAMES
 from inference.face_detect import FaceBox
 from inference.face_geometry import geometry_from_face_box
-from inference.model.audio_head import HEAD_WEIGHTS
+from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
 from inference.model.sonic_lite import COEFFICIENT_NAMES, MotionGraph, SonicLite
 from inference.model.timing import TIMING
 
@@ -56,9 +56,7 @@ DTYPES = {
 def build_model() -> SonicLite:
     """The shipped model: fixed DSP/renderer tensors plus the trained audio head's weights
     (``python -m inference.training.train`` makes them)."""
-    model = SonicLite(TIMING)
-    model.head.load_state_dict(torch.load(HEAD_WEIGHTS, map_location="cpu", weights_only=True))
-    return model.eval()
+    return SonicLite(TIMING, head=AudioHead.from_weights(HEAD_WEIGHTS)).eval()
 
 
 def example_inputs(batch: int = 2, size: int = 64) -> tuple[torch.Tensor, ...]:

@@ -88,7 +88,7 @@ class SonicLite(nn.Module):
     sigma_frames: float = 3.0
     nod_sigma_frames: float = 5.0
 
-    def __init__(self, timing: FrameTiming = TIMING) -> None:
+    def __init__(self, timing: FrameTiming = TIMING, head: AudioHead | None = None) -> None:
         super().__init__()
         spec = timing.features
         self.timing = timing
@@ -106,7 +106,7 @@ class SonicLite(nn.Module):
         t = np.arange(timing.window_frames, dtype=np.float64)
         self.register_buffer("kernel", self._gauss(t, centre + self.lead_frames, self.sigma_frames))
         self.register_buffer("nod_kernel", self._gauss(t, centre, self.nod_sigma_frames))
-        self.head = AudioHead(timing)
+        self.head = head if head is not None else AudioHead(timing)
         self.renderer = Renderer()
 
     @staticmethod

@@ -425,10 +425,7 @@ def _torch_runner(weights: str | None = None) -> Callable[[np.ndarray], np.ndarr
 
     from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
 
-    head = AudioHead()
-    head.load_state_dict(torch.load(weights or HEAD_WEIGHTS, map_location="cpu",
-                                    weights_only=True))
-    head.eval()
+    head = AudioHead.from_weights(weights or HEAD_WEIGHTS)
 
     def run(wins: np.ndarray) -> np.ndarray:
         with torch.no_grad():

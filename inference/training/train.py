@@ -83,12 +83,13 @@ class Copies:
 
 def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
                log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
-               shape_weight: float = 1.0, ce_weight: float = 0.02) -> AudioHead:
+               shape_weight: float = 1.0, ce_weight: float = 0.02,
+               hidden: int = 96) -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = AudioHead()
+    model = AudioHead(hidden=hidden)
     model.tilt_norm = tilt_norm
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     n = windows.starts.size
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tilt-norm", type=int, default=int(AudioHead.tilt_norm))
     ap.add_argument("--shape-weight", type=float, default=1.0)
     ap.add_argument("--ce-weight", type=float, default=0.02)
+    ap.add_argument("--hidden", type=int, default=96, help="channels of the convolutions")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
     model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
-                       shape_weight=args.shape_weight, ce_weight=args.ce_weight)
+                       shape_weight=args.shape_weight, ce_weight=args.ce_weight,
+                       hidden=args.hidden)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,9 +188,10 @@ def main(argv: list[str] | None = None) -> None:
         "model": "AudioHead", "parameters": params, "weights": out.name,
         "command": "python -m inference.training.train" + (
             f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
-            if args.real_speech else ""), "seed": args.seed,
+            if args.real_speech else "")
+            + (f" --hidden {args.hidden}" if args.hidden != 96 else ""), "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
-        "shape_weight": args.shape_weight, "ce_weight": args.ce_weight,
+        "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
