@@ -226,6 +226,17 @@ def test_small_face_in_a_large_photo(astronaut: np.ndarray) -> None:
     assert abs(face.centre[0] - (700 + 225)) < 20 and abs(face.centre[1] - (500 + 115)) < 25
 
 
+def test_a_face_too_small_to_see_whole_is_found_in_a_quarter(astronaut: np.ndarray) -> None:
+    # 64 px of face in a 3000 px picture: 16 px in the shrunk overview, which the models
+    # miss; the overlapping quarters (1000 px squares) show it larger.
+    canvas = np.full((2000, 3000, 3), 200, np.uint8)
+    canvas[1200:1520, 2000:2320] = cv2.resize(astronaut, (320, 320), interpolation=cv2.INTER_AREA)
+    face = detect_face(canvas)
+    mouth_x, mouth_y = 2000 + 224 * 320 / 512, 1200 + 144 * 320 / 512
+    assert math.dist(face.mouth, (mouth_x, mouth_y)) < 6
+    assert 40 < face.w < 90
+
+
 @pytest.mark.parametrize("kind", ["grey", "noise"])
 def test_no_face(kind: str) -> None:
     if kind == "grey":
