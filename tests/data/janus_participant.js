@@ -125,6 +125,8 @@ window.participant = (() => {
         const canvas = document.createElement('canvas');
         const context = canvas.getContext('2d', {willReadFrequently: true});
         const out = [];
+        // Until a frame is presented, drawImage paints nothing (a black box).
+        await new Promise((resolve) => video.requestVideoFrameCallback(resolve));
         const end = performance.now() + ms;
         while (performance.now() < end) {
             if (video.videoWidth > 0) {
