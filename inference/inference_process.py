@@ -37,7 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from inference.child_process import ChildProcess, ChildProcessError, until_stopped
+from inference.child_process import (
+    ChildProcess,
+    ChildProcessError,
+    until_stopped,
+    watch_connection,
+)
 from inference.engine import NO_PICTURE, FrameInput, Manifest, PreparedPortrait
 from inference.scheduler import FrameResult
 from inference.service import InferenceConfig, start_inline
@@ -115,6 +120,28 @@ def unlink_ring(name: str) -> bool:
     ring.close()
     ring.unlink()
     return True
+
+
+class Outbox:
+    """Items of one kind for a connection, sent together at the end of the loop's current
+    round: the frames of every session due at one instant of the media grid
+    (``server.media_clock.on_grid``) cross the socket as one message, and so do the frames
+    of one batch coming back, rather than a message, a write and a wake-up of the other
+    process each."""
+
+    def __init__(self, kind: str, send: Callable[[tuple[Any, ...]], None]) -> None:
+        self._kind = kind
+        self._send = send
+        self._items: list[tuple[Any, ...]] = []
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        if not self._items:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._items.append(item)
+
+    def _flush(self) -> None:
+        items, self._items = self._items, []
+        self._send((self._kind, items))
 
 
 # ---------------------------------------------------------------------- the front door's handle
@@ -207,6 +234,7 @@ class RemoteInference:
         self._hello: asyncio.Future[tuple[int, dict[int, float]]] | None = None
         self.dead = False
         self._death = "not connected to the inference process"
+        self._submits = Outbox("submit", self._send)
 
     @property
     def ring_name(self) -> str | None:
@@ -222,7 +250,7 @@ class RemoteInference:
             raise InferenceProcessError(f"cannot reach the inference process at "
                                         f"{self._address}: {exc}") from exc
         self._hello = loop.create_future()
-        loop.add_reader(self._conn.fileno(), self._on_readable)
+        watch_connection(loop, self._conn, self._on_readable)
         self.max_batch, capacity = await self._hello
         self._capacity.update(capacity)
         layout = RingLayout(slots=self._pending + 2 * self.max_batch,
@@ -289,10 +317,7 @@ class RemoteInference:
         slot["knobs"][:] = frame.knobs
         slot["clock"][:] = frame.clock
         self._waiting[index] = future
-        try:
-            self._conn.send(("submit", index, frame.slot, deadline))
-        except OSError:
-            self._died()
+        self._submits.put((index, frame.slot, deadline))
         return future
 
     async def prepare(self, portrait: PreparedPortrait) -> int:
@@ -301,11 +326,8 @@ class RemoteInference:
         return slot
 
     def release(self, slot: int) -> None:
-        if self._sizes.pop(slot, None) is not None and self._conn is not None and not self.dead:
-            try:
-                self._conn.send(("release", slot))
-            except OSError:
-                self._died()
+        if self._sizes.pop(slot, None) is not None:
+            self._send(("release", slot))
 
     def frame_size(self, slot: int) -> int:
         try:
@@ -320,6 +342,14 @@ class RemoteInference:
         return self._capacity.get(frame_size, 0.0)
 
     # ------------------------------------------------------------------ the socket
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self._conn is None or self.dead:
+            return
+        try:
+            self._conn.send(message)
+        except OSError:
+            self._died()
+
     async def _call(self, kind: str, argument: Any) -> Any:
         if self.dead or self._conn is None:
             raise InferenceProcessError(self._death)
@@ -337,6 +367,18 @@ class RemoteInference:
         except (EOFError, OSError):
             self._died()
 
+    def _done(self, index: int, side: int | None) -> None:
+        future = self._waiting.pop(index)
+        slot = self._views[index]
+        picture = slot["frame"].shape[0] > 0
+        (self._free if picture else self._free_motion).append(index)
+        result = None
+        if side is not None:  # None: dropped
+            result = FrameResult(slot["frame"][:side, :side].copy() if picture
+                                 else _NO_PICTURE, slot["coefficients"].copy())
+        if not future.done():
+            future.set_result(result)
+
     def _died(self) -> None:
         if self.dead:
             return
@@ -349,17 +391,8 @@ class RemoteInference:
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "done":
-            _, index, side = message
-            future = self._waiting.pop(index)
-            slot = self._views[index]
-            picture = slot["frame"].shape[0] > 0
-            (self._free if picture else self._free_motion).append(index)
-            result = None
-            if side is not None:  # None: dropped
-                result = FrameResult(slot["frame"][:side, :side].copy() if picture
-                                     else _NO_PICTURE, slot["coefficients"].copy())
-            if not future.done():
-                future.set_result(result)
+            for index, side in message[1]:
+                self._done(index, side)
         elif kind == "capacity":
             self._capacity.update(message[1])
         elif kind == "reply":
@@ -421,7 +454,8 @@ class _Worker:
         self.in_flight = 0
         self.gone = False
         self.tasks: set[asyncio.Task[None]] = set()
-        self.loop.add_reader(conn.fileno(), self.on_readable)
+        self.done = Outbox("done", self.send)
+        watch_connection(self.loop, conn, self.on_readable)
         self.send(("hello", self.service.max_batch, server.capacity()))
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -442,17 +476,8 @@ class _Worker:
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "submit":
-            _, index, slot, deadline = message
-            # Views, not copies: the worker reuses a slot only once it is answered.
-            v = self.views[index]
-            try:
-                future = self.service.submit(FrameInput(slot, v["mel"], v["knobs"], v["clock"]),
-                                             deadline, picture=bool(v["frame"].shape[0]))
-            except KeyError:  # a portrait released meanwhile
-                self.send(("done", index, None))
-                return
-            self.in_flight += 1
-            future.add_done_callback(functools.partial(self.finished, index))
+            for index, slot, deadline in message[1]:
+                self.submit(index, slot, deadline)
         elif kind == "release":
             if message[1] in self.slots:
                 self.slots.discard(message[1])
@@ -470,6 +495,18 @@ class _Worker:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
+    def submit(self, index: int, slot: int, deadline: float) -> None:
+        # Views, not copies: the worker reuses a slot only once it is answered.
+        v = self.views[index]
+        try:
+            future = self.service.submit(FrameInput(slot, v["mel"], v["knobs"], v["clock"]),
+                                         deadline, picture=bool(v["frame"].shape[0]))
+        except KeyError:  # a portrait released meanwhile
+            self.done.put((index, None))
+            return
+        self.in_flight += 1
+        future.add_done_callback(functools.partial(self.finished, index))
+
     def finished(self, index: int, future: asyncio.Future[FrameResult | None]) -> None:
         self.in_flight -= 1
         if self.gone:
@@ -477,14 +514,14 @@ class _Worker:
             return
         result = None if future.cancelled() else future.result()
         if result is None:
-            self.send(("done", index, None))
+            self.done.put((index, None))
             return
         side = result.frame.shape[0]  # 0: the coefficients alone
         view = self.views[index]
         if side:
             view["frame"][:side, :side] = result.frame
         view["coefficients"][:] = result.coefficients
-        self.send(("done", index, side))
+        self.done.put((index, side))
 
     async def reply(self, call_id: int, work: Any) -> None:
         try:

@@ -13,6 +13,7 @@ from http import HTTPStatus
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from inference.child_process import run_event_loop
 from server.config import HttpSettings
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,6 @@ def serve(app: web.Application, settings: HttpSettings,
           on_serving: Callable[[], None] = lambda: None) -> None:
     """Serve ``app`` on ``settings.host:port`` until SIGINT or SIGTERM, then clean it up."""
     try:
-        asyncio.run(_serve(app, settings, on_serving))
+        run_event_loop(_serve(app, settings, on_serving))
     except (web.GracefulExit, KeyboardInterrupt):
         pass

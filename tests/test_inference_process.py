@@ -88,6 +88,35 @@ async def test_frames_cross_shared_memory_intact(portraits):
                                    atol=1e-6)
 
 
+async def test_frames_submitted_together_cross_as_one_message_each_way(portraits):
+    """Sessions on one instant of the media grid submit their frames in one round of the
+    loop: those cross to the inference process as one message, run as one batch, and
+    their answers come back as one message, not a message each."""
+    batches: list[int] = []
+    inference = process(on_batch=lambda n, s: batches.append(n), max_batch=8)
+    await inference.start()
+    try:
+        slot = await inference.prepare(portraits[256])
+        await inference.warm_up(frames(slot, 4))
+        conn = inference._conn
+        assert conn is not None
+        sent: list[str] = []
+        received: list[str] = []
+        send, on_message = conn.send, inference._on_message
+        conn.send = lambda message: (sent.append(message[0]), send(message))  # type: ignore
+        inference._on_message = lambda message: (  # type: ignore[method-assign]
+            received.append(message[0]), on_message(message))
+        batches.clear()
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(*(inference.submit(f, loop.time() + 10)
+                                         for f in frames(slot, 4)))
+    finally:
+        await inference.stop()
+    assert all(r is not None for r in results)
+    assert sent == ["submit"] and batches == [4] and received.count("done") == 1, \
+        (sent, batches, received)
+
+
 async def test_a_dead_engine_process_answers_every_frame_and_leaks_nothing(portraits):
     drops: list[str] = []
     inference = process(on_drop=drops.append, max_batch=1)
