@@ -43,7 +43,8 @@ def frames(slot: int, count: int) -> list[FrameInput]:
 
 def process(**kwargs) -> EngineProcess:  # type: ignore[no-untyped-def]
     return EngineProcess("onnxruntime", MANIFEST, engine_opts={"intra_op_threads": 1},
-                         max_batch=kwargs.pop("max_batch", 4), max_wait_ms=1.0,
+                         max_batch=kwargs.pop("max_batch", 4),
+                         max_wait_ms=kwargs.pop("max_wait_ms", 1.0),
                          max_pending=16, max_side=512, **kwargs)
 
 
@@ -140,7 +141,9 @@ async def test_a_dead_engine_process_answers_every_frame_and_leaks_nothing(portr
 
 async def test_one_batch_spans_two_workers_and_a_leaving_worker_frees_its_portraits(portraits):
     batches: list[int] = []
-    first = process(on_batch=lambda n, s: batches.append(n), max_batch=8)
+    # Two workers' messages reach the inference process one after the other: the scheduler
+    # waits long enough for the second before it starts the batch.
+    first = process(on_batch=lambda n, s: batches.append(n), max_batch=8, max_wait_ms=100.0)
     await first.start()
     manifest = Manifest.load(MANIFEST)
     second = RemoteInference(manifest, first.process.address, first.process.authkey,
