@@ -8,8 +8,11 @@ by process (front door, workers, inference), the GPU's utilisation where ``nvidi
 exists, the engine's mean batch size and the admission decisions.
 
 The peers must not be the bottleneck on a machine they share with the server: they run in
-``--client-processes`` processes, and all but ``--decoded`` of them count their video
-frames without decoding them (decoding costs 0.2-0.3 cores per stream).
+``--client-processes`` processes, and all but ``--decoded`` of them are counting peers:
+they send speech encoded once (``server.client.EncodedSpeech``) and count the frames and
+audio packets they receive from the RTP headers (``count_frames``), decoding nothing
+(decoding video costs 0.2-0.3 cores per stream, and aiortc's receive path a thread per
+track). The decoding ones check picture and sound in full.
 
     python -m benchmarks.sessions --sessions 1 2 4 --size 256 --seconds 20
     python -m benchmarks.sessions --sessions 64 128 --size 256 -- --runtime torch-cuda
@@ -40,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from inference.tts import conversation, write_wav
-from server.client import count_video_only, run_session
+from server.client import EncodedSpeech, run_session
 from server.config import REPO_ROOT
 from server.load import process_cpu_seconds
 from server.peer import pin_host_addresses
@@ -111,14 +114,19 @@ def _free_port() -> int:
 
 
 async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
-                   motion_only: bool = False) -> list[dict[str, Any]]:
+                   motion_only: bool = False, counting: bool = False) -> list[dict[str, Any]]:
     """``sessions`` peers in this process; each one's received fps (of video frames, or of
-    coefficient messages when ``motion_only``), or why it was refused."""
+    coefficient messages when ``motion_only``), or why it was refused. ``counting`` peers
+    send speech encoded once and count what they receive without decoding it."""
+    packets = EncodedSpeech.encode_wav(wav) if counting else None
+
     async def one(delay: float) -> dict[str, Any]:
         await asyncio.sleep(delay)
         try:
             received = await run_session(url, wav, seconds=seconds, keep=False,
-                                         options={"size": size, "motion_only": motion_only})
+                                         options={"size": size, "motion_only": motion_only},
+                                         audio=EncodedSpeech(packets) if packets else None,
+                                         count_only=counting)
         except RuntimeError as exc:
             return {"refused": str(exc)[:200]}
         if motion_only:
@@ -145,6 +153,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                    size: int, client_processes: int, decoded: int,
                    motion_only: bool) -> dict[str, Any]:
     snapshot: list[dict[str, Any]] = []
+    health: dict[str, Any] = {}
     kinds = await asyncio.to_thread(_processes, url, pid)
     before = await asyncio.to_thread(_metric_sums, url)
     gpu: list[float] = []
@@ -161,6 +170,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         t1 = time.monotonic()
         c1 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
         snapshot.extend(await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"]))
+        health.update(await asyncio.to_thread(_get, f"{url}/healthz"))
         return t1 - t0, {k: (c1[k] - c0[k]) / (t1 - t0) for k in kinds}
 
     decoded = min(decoded, sessions)
@@ -193,7 +203,10 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     served = len(fps)
     # A skipped frame time left the old picture up, as a repeat does.
     repeated = sum(s["frames_repeated"] + s["frames_skipped"] for s in stats)
+    skipped = sum(s["frames_skipped"] for s in stats)
     sent = sum(s["frames_sent"] + s["frames_skipped"] for s in stats)
+    bitrates = [s["video_bitrate"] for s in stats if s.get("video_bitrate")]
+    loops = [w["loop_load"] for w in health.get("workers", []) if w.get("loop_load") is not None]
     total_cpu = sum(cpu.values())
     return {
         "sessions": sessions, "size": size, "served": served,
@@ -203,6 +216,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "fps_median": round(float(np.median(fps)), 2) if fps else None,
         "fps_below_24": sum(f < 24 for f in fps),
         "repeated_%": round(100 * repeated / sent, 2) if sent else None,
+        "skipped_%": round(100 * skipped / sent, 2) if sent else None,
         "pipeline_delay_ms_p50": median("pipeline_delay_ms", "p50"),
         "pipeline_delay_ms_p95_median": median("pipeline_delay_ms", "p95"),
         "pipeline_delay_ms_p95_worst": worst("pipeline_delay_ms", "p95"),
@@ -213,6 +227,10 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         # The peers' own CPU, over their whole run: what the server did not have.
         "client_cpu_cores": round(client_cores, 2),
         "gpu_util_%": round(float(np.mean(gpu)), 1) if gpu else None,
+        # The workers' event loops at the end (share of their thread's time), and the
+        # rate the sessions' video was encoded at (what their viewers' REMB allowed).
+        "worker_loop_load_max": round(max(loops), 2) if loops else None,
+        "video_kbps_median": round(float(np.median(bitrates)) / 1000) if bitrates else None,
         "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)
         if batches else None,
         "scheduler_drops": {k.split("/", 1)[1]: delta(k) for k in after
@@ -291,9 +309,8 @@ def main() -> None:
         os.sched_setaffinity(0, args.client_cpus)  # the client processes inherit it
     if args.client_of:  # one of the client processes of a run
         url, wav, n, size, seconds, motion = args.client_of
-        count_video_only()
         print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds),
-                                              motion == "1"))))
+                                              motion == "1", counting=True))))
         return
     with tempfile.TemporaryDirectory() as tmp:
         if args.wav is not None:

@@ -17,7 +17,7 @@ import aiohttp
 
 from benchmarks.sessions import _processes, started_server
 from inference.tts import conversation, wav_bytes
-from server.client import count_video_only, run_session
+from server.client import run_session
 from server.load import process_cpu_seconds
 from server.peer import pin_host_addresses
 
@@ -38,7 +38,7 @@ async def point(url: str, pid: int, sessions: int, viewers: int, seconds: float,
                     pass
 
         watching = [run_session(url, "", seconds=seconds + 6, keep=False,
-                                view=(m["session_id"], m["token"]))
+                                view=(m["session_id"], m["token"]), count_only=True)
                     for m in made for _ in range(viewers)]
         speaking = [asyncio.create_task(speak(m["session_id"])) for m in made]
 
@@ -66,7 +66,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
     pin_host_addresses(["127.0.0.1"])
-    count_video_only()
     speech = wav_bytes(conversation(16000), 16000)
     with started_server([]) as (url, server):
         rows = [asyncio.run(point(url, server.pid, args.sessions, v, args.seconds, speech))

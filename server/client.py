@@ -17,19 +17,19 @@ import fractions
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 import aiohttp
-import aiortc.rtcrtpreceiver
 import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
-from aiortc.rtp import RtcpSrPacket
+from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, RtcpSrPacket, RtpPacket, pack_remb_fci
 
+from server.encoding import SpeechOpusEncoder
 from server.peer import pin_host_addresses
 
 RATES = {"audio": 48000, "video": 90000}
@@ -75,28 +75,89 @@ def _rate(t: list[float]) -> float:
     return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
 
 
-class _CountingDecoder:
-    """Stands in for a video decoder: one tiny frame per received frame, with its RTP
-    time, so frames are counted and timed without paying for decoding them."""
+class Counted(NamedTuple):
+    """A frame a counting peer received: its RTP time from the stream's first, as a
+    decoded frame's ``pts`` would be."""
 
-    def decode(self, encoded_frame: Any) -> list[av.VideoFrame]:
-        frame = av.VideoFrame(16, 16, "yuv420p")
-        frame.pts = encoded_frame.timestamp
-        frame.time_base = fractions.Fraction(1, RATES["video"])
-        return [frame]
+    pts: int
 
 
-def count_video_only() -> None:
-    """From now on, every session of this process counts its video frames instead of
-    decoding them (a load generator's clients must not be the bottleneck: decoding costs
-    0.2-0.3 cores per stream). Audio is still decoded."""
-    real = aiortc.rtcrtpreceiver.get_decoder
+def count_frames(pc: RTCPeerConnection) -> None:
+    """``pc`` counts the frames it receives instead of decoding them, from their RTP headers
+    alone: each audio packet, and each video packet that ends a frame (the marker bit),
+    reaches the track as a ``Counted``, with no jitter buffer, decoder thread or decoding.
+    A load generator's peers share the machine with the server and must not be its
+    bottleneck (decoding video costs 0.2-0.3 cores per stream). Its bandwidth estimate
+    still goes back (REMB, as aiortc's receiver sends it), so the server encodes at the
+    rate a real viewer would let it. Retransmissions are never asked for, so none come."""
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        mapper = receiver._RTCRtpReceiver__timestamp_mapper  # type: ignore[attr-defined]
+        estimator = receiver._RTCRtpReceiver__remote_bitrate_estimator  # type: ignore[attr-defined]
 
-    def get_decoder(codec: Any) -> Any:
-        return _CountingDecoder() if codec.mimeType.lower().startswith("video/") \
-            else real(codec)
+        async def counted(packet: RtpPacket, arrival_time_ms: int,
+                          receiver: RTCRtpReceiver = receiver, mapper: Any = mapper,
+                          estimator: Any = estimator) -> None:
+            track = receiver.track
+            if track is None:
+                return
+            if estimator is not None and packet.extensions.abs_send_time is not None:
+                remb = estimator.add(abs_send_time=packet.extensions.abs_send_time,
+                                     arrival_time_ms=arrival_time_ms,
+                                     payload_size=len(packet.payload) + packet.padding_size,
+                                     ssrc=packet.ssrc)
+                ssrc = receiver._RTCRtpReceiver__rtcp_ssrc  # type: ignore[attr-defined]
+                if remb is not None and ssrc is not None:
+                    await receiver._send_rtcp(RtcpPsfbPacket(
+                        fmt=RTCP_PSFB_APP, ssrc=ssrc, media_ssrc=0, fci=pack_remb_fci(*remb)))
+            if track.kind == "audio" or packet.marker:
+                track._queue.put_nowait(Counted(mapper.map(packet.timestamp)))
 
-    aiortc.rtcrtpreceiver.get_decoder = get_decoder
+        receiver._handle_rtp_packet = counted  # type: ignore[method-assign]
+
+
+class EncodedSpeech(MediaStreamTrack):
+    """Speech sent as Opus packets encoded once, in real time and looped: what a load
+    generator's peers send, so that thousands of them do not each run an encoder (and
+    aiortc's, which resamples every chunk to stereo on a thread of its own)."""
+
+    kind = "audio"
+
+    def __init__(self, packets: list[bytes]) -> None:
+        super().__init__()
+        self._packets = packets
+        self._n = 0
+        self._start: float | None = None
+
+    @staticmethod
+    def encode_wav(path: str) -> list[bytes]:
+        """A WAV's speech (any rate and layout) as one mono Opus packet per 20 ms."""
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=48000)
+        with av.open(path) as container:
+            pcm = np.concatenate([
+                out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
+                for out in resampler.resample(frame)])
+        encoder = SpeechOpusEncoder()
+        packets = []
+        for n in range(pcm.size // 960):
+            frame = av.AudioFrame.from_ndarray(pcm[n * 960:(n + 1) * 960].reshape(1, -1),
+                                               format="s16", layout="mono")
+            frame.sample_rate, frame.pts = 48000, n * 960
+            frame.time_base = fractions.Fraction(1, 48000)
+            packets.append(bytes(encoder.encode(frame)))
+        return packets
+
+    async def recv(self) -> av.Packet:
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        delay = self._start + self._n * 0.02 - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        packet = av.Packet(self._packets[self._n % len(self._packets)])
+        packet.pts, packet.time_base = self._n * 960, fractions.Fraction(1, 48000)
+        self._n += 1
+        return packet
 
 
 def _watch_sender_reports(receiver: RTCRtpReceiver, stream: Stream) -> None:
@@ -210,14 +271,16 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                       audio: MediaStreamTrack | None = None,
                       network: Impairment | None = None,
                       view: tuple[str, str] | None = None,
-                      configuration: RTCConfiguration | None = None) -> Received:
+                      configuration: RTCConfiguration | None = None,
+                      count_only: bool = False) -> Received:
     """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
     ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
     sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
     video, only coefficients; with ``network``, the datagrams cross a bad network. With
     ``view=(session_id, token)`` it sends nothing: it watches a session made by
     ``POST /sessions``, and leaves it running. ``configuration``: the client's own ICE
-    servers and policy (none by default)."""
+    servers and policy (none by default). With ``count_only`` what comes back is counted,
+    not decoded (``count_frames``): its frames have a ``pts`` and nothing else."""
     motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
     if view is not None:
@@ -247,6 +310,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
         tracks.append((track, receiver))
 
     await pc.setLocalDescription(await pc.createOffer())
+    if count_only:
+        count_frames(pc)
     if network is not None:
         impair(pc, network)
     body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}

@@ -157,3 +157,34 @@ def test_motion_coefficients_arrive_on_the_data_channel_with_the_frames(received
     assert {"jawOpen", "mouthClose", "eyeBlinkLeft", "headYaw"} <= names
     jaw = np.array([m["coefficients"]["jawOpen"] for m in messages])
     assert np.isfinite(jaw).all() and jaw.max() > 0.3 and np.percentile(jaw, 10) < 0.05
+
+
+def test_a_counting_peer_sends_encoded_speech_and_counts_what_a_decoding_one_sees(
+        server, speech_wav):
+    """The load generator's peer (``benchmarks.sessions``): speech encoded once, replayed;
+    frames counted from their RTP headers, not decoded. It counts the 25 video frames and
+    50 audio packets a second a decoding peer gets, stamped as that one's are, the server
+    hears its speech, and its bandwidth estimate reaches the encoder as a real one's."""
+    import asyncio
+
+    from server.client import EncodedSpeech
+
+    async def run() -> tuple[Received, list[dict]]:
+        peer = asyncio.create_task(run_session(
+            server.url, "", seconds=6.0, audio=EncodedSpeech(EncodedSpeech.encode_wav(
+                str(speech_wav))), count_only=True, keep=False))
+        await asyncio.sleep(5.5)
+        listed = await asyncio.to_thread(_get, f"{server.url}/sessions")
+        return await peer, listed["sessions"]
+
+    received, listed = asyncio.run(run())
+    (stats,) = [s["stats"] for s in listed if s["session_id"] == received.session_id]
+    assert 24.0 <= received.video_fps() <= 26.0 and len(received.video.pts) >= 120
+    assert 48.0 <= 1 / np.median(np.diff(received.audio.arrivals)) <= 52.0
+    # RTP time from the stream's first frame, as a decoded frame's pts: 3600 ticks a frame.
+    steps = np.diff(received.video.pts)
+    assert np.median(steps) == 3600 and (steps > 0).all()
+    assert stats["audio"]["received_s"] > 4.0
+    # Its bandwidth estimate went back: the encoding left aiortc's starting rate.
+    from aiortc.codecs import vpx
+    assert stats["video_bitrate"] > vpx.DEFAULT_BITRATE
