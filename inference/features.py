@@ -178,6 +178,14 @@ class FrameWindows:
         self.samples_pushed += samples.size
         self._mel.push(samples)
 
+    def samples_wanted(self) -> int:
+        """Samples that must have been pushed, in all, before ``ready`` yields the next frame:
+        its window's last mel frame complete. A caller holding audio back (to push a frame
+        period's worth at once: one call instead of two or more) pushes when it gets there."""
+        timing, spec = self.timing, self.timing.features
+        last = timing.window_start(self.next_frame) + timing.window_frames - 1
+        return last * spec.hop_length + spec.n_fft - _left_pad(spec)
+
     def silence_from(self, sample: int) -> None:
         """Windows still to come hear nothing of the audio from ``sample`` on."""
         self._mel.silence_from(sample)

@@ -140,11 +140,13 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         check_model(settings, manifest)
         inference = await connect(settings, metrics)
         avatars = AvatarStore(inference, settings.avatar, settings.video.allowed_sizes)
-        sessions = SessionManager(settings, manifest, inference, avatars, metrics, id_prefix)
+        sessions = SessionManager(settings, manifest, inference, avatars, metrics, id_prefix,
+                                  runtime=resolved)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
-                            STATIC_DIR, LoopLoad())
+                            STATIC_DIR, LoopLoad(settings.session.cores_per_session))
         app[state_key] = state
-        meter = asyncio.get_running_loop().create_task(state.loop_load.run())
+        meter = asyncio.get_running_loop().create_task(state.loop_load.run(
+            lambda: (sessions.media_cost(), sessions.settled_cost())))
         try:
             log.info("warming the audio features (librosa)")
             await asyncio.to_thread(_warm_features, manifest)

@@ -14,15 +14,22 @@ delay can be measured from the real arrival time.
 
 from __future__ import annotations
 
+import asyncio
 import fractions
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import aiortc.rtcrtpreceiver
 import av
 import numpy as np
+from aiortc import RTCPeerConnection
+from aiortc.codecs import get_decoder
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
 from server.media_clock import AUDIO_RATE
 from server.time_scale import FADE, MIN_LAG, best_lag, splice_in, splice_out
@@ -173,6 +180,14 @@ class Resampler:
         self.rate = rate
         self._graph: av.filter.Graph | None = None
         self._input: tuple[str, str, int] | None = None
+        self._samples_in = 0  # since the graph was made
+        self._samples_out = 0
+
+    def output_after(self, samples: int, rate: int) -> int:
+        """Samples that ``samples`` more input at ``rate`` will bring out: its share at the
+        output rate, less what the filter still holds back (a constant once it runs)."""
+        held = self._samples_in * self.rate // rate - self._samples_out
+        return (self._samples_in + samples) * self.rate // rate - self._samples_out - held
 
     def _configure(self, frame: av.AudioFrame) -> av.filter.Graph:
         graph = av.filter.Graph()
@@ -192,15 +207,19 @@ class Resampler:
         shape = (frame.format.name, frame.layout.name, frame.sample_rate)
         if self._graph is None or shape != self._input:
             self._graph, self._input = self._configure(frame), shape
+            self._samples_in = self._samples_out = 0
         frame.pts = None  # the graph keeps its own time
         self._graph.push(frame)
+        self._samples_in += frame.samples
         out = []
         while True:
             try:
                 out.append(self._graph.pull().to_ndarray().reshape(-1))
             except (av.BlockingIOError, av.EOFError):
                 break
-        return np.concatenate(out) if out else np.zeros(0, np.int16)
+        pcm = np.concatenate(out) if len(out) > 1 else out[0] if out else np.zeros(0, np.int16)
+        self._samples_out += pcm.size
+        return pcm
 
 
 def to_mono_48k(frame: av.AudioFrame, resampler: Resampler) -> np.ndarray:
@@ -224,3 +243,76 @@ async def pump_track(track: MediaStreamTrack, ingest: AudioIngest,
             ingest.push(to_mono_48k(frame, resampler), clock())
     except MediaStreamError:
         log.debug("inbound audio track ended")
+
+
+class InlineAudioDecoder:
+    """Decodes a receiver's audio on the event loop, as each packet leaves its jitter
+    buffer. aiortc gives every receiver a decoder thread fed by a queue, which hands each
+    decoded 20 ms back to the loop with a task and a wake-up through its self-pipe: two
+    thread switches and a GIL hand-over per packet, against 0.03 ms to decode one. This
+    stands in for that queue (``put``, as the receiver calls it). Opus is decoded to mono,
+    which is what the session keeps (a stereo stream is down-mixed by libopus)."""
+
+    def __init__(self, output: asyncio.Queue[Any], error: threading.Event) -> None:
+        self._output = output
+        self._error = error
+        self._codec: str | None = None
+        self._decoder: Any = None
+
+    def put(self, task: tuple[RTCRtpCodecParameters, Any] | None) -> None:
+        if task is None:  # the receiver stops: so does its track
+            self._output.put_nowait(None)
+            return
+        codec, encoded = task
+        if codec.name != self._codec:
+            self._decoder, self._codec = _audio_decoder(codec), codec.name
+        try:
+            frames = self._decoder.decode(encoded)
+        except av.FFmpegError as exc:  # as aiortc does: keep the decoder's state
+            log.warning("failed to decode a %s packet: %s", codec.name, exc)
+            self._error.set()
+            return
+        for frame in frames:
+            self._output.put_nowait(frame)
+
+
+class _MonoOpusDecoder:
+    def __init__(self) -> None:
+        self.codec = av.CodecContext.create("libopus", "r")
+        self.codec.format = "s16"
+        self.codec.layout = "mono"
+        self.codec.sample_rate = AUDIO_RATE
+
+    def decode(self, encoded: Any) -> list[av.AudioFrame]:
+        packet = av.Packet(encoded.data)
+        packet.pts, packet.time_base = encoded.timestamp, fractions.Fraction(1, AUDIO_RATE)
+        return list(self.codec.decode(packet))
+
+
+def _audio_decoder(codec: RTCRtpCodecParameters) -> Any:
+    return _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
+
+
+def decode_on_loop(pc: RTCPeerConnection, track: MediaStreamTrack) -> None:
+    """``track``'s receiver decodes on the event loop (``InlineAudioDecoder``) rather than on
+    a thread of its own; call as the track arrives, before the connection is up. Audio
+    only: decoding a picture is long enough to hold the loop up."""
+    receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track),
+                    None)
+    if receiver is None or track.kind != "audio" or \
+            receiver._RTCRtpReceiver__started:  # type: ignore[attr-defined]
+        return
+    receiver._RTCRtpReceiver__decoder_queue = InlineAudioDecoder(  # type: ignore[attr-defined]
+        track._queue, receiver._RTCRtpReceiver__decoder_error)  # type: ignore[attr-defined]
+    aiortc.rtcrtpreceiver.decoder_worker = _decoder_thread
+
+
+_aiortc_decoder_thread = aiortc.rtcrtpreceiver.decoder_worker
+
+
+def _decoder_thread(loop: asyncio.AbstractEventLoop, input_q: Any, output_q: Any,
+                    decode_error: threading.Event) -> None:
+    """What aiortc's decoder thread runs: nothing for a receiver that decodes on the loop
+    (the thread ends at once), aiortc's own loop for any other."""
+    if not isinstance(input_q, InlineAudioDecoder):
+        _aiortc_decoder_thread(loop, input_q, output_q, decode_error)

@@ -175,6 +175,11 @@ class SchedulerSettings:
 class SessionSettings:
     pipeline_delay_ms: float = setting(130.0, "audio in to frame out: the outbound audio is "
                                        "the input delayed by exactly this", low=60.0)
+    frame_grace_ms: float = setting(15.0, "a frame not rendered by its send time is waited "
+                                    "for this long before the last one is sent again: the "
+                                    "lips then trail the sound by up to this much for that "
+                                    "frame, instead of a frozen picture for a whole frame",
+                                    low=0.0, high=40.0)
     jitter_ms: float = setting(30.0, "inbound audio held beyond the 20 ms chunk being read, "
                                "to ride out a late packet; after a stall or with a skewed "
                                "sender clock the buffer is steered back to it by playing "
@@ -195,6 +200,14 @@ class SessionSettings:
                                     "closed", low=0.1)
     recording_dir: str = setting("", "where sessions asked to record (options.record) write "
                                  "SESSION_ID.mp4; empty: recording is off")
+    grid_phases: int = setting(0, "instants in each frame period that session clocks start "
+                               "on (server/media_clock.py): sessions on one share their "
+                               "timers, sends and frames, so a worker wakes once for all of "
+                               "them and the engine batches their frames; a new session "
+                               "takes the instant with the fewest. 0: 2 with a GPU runtime, "
+                               "none on the CPU, whose engine gains little from batching "
+                               "while frames bunched together queue for it; -1: none, each "
+                               "clock starts when its session is made", low=-1, high=40)
     max_sessions: int = setting(16, "most live sessions", low=1)
     max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
                                        "a data channel, no video to encode)", low=0)

@@ -34,7 +34,7 @@ from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolv
 from server.access import Access
 from server.app import STATIC_DIR, check_model, inference_config
 from server.config import Settings
-from server.load import CoresBusy, HostModel
+from server.load import CoresBusy, CostModel
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
 from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 from server.signalling import (
@@ -108,7 +108,7 @@ class FrontDoor:
         self.cores = len(os.sched_getaffinity(0))
         self.cores_busy = CoresBusy(lambda: [os.getpid(), *(
             p.pid for p in [*self.inference, *self.workers] if p.pid is not None)])
-        self.host_model = HostModel(settings.session.cores_per_session)
+        self.host_model = CostModel(settings.session.cores_per_session)
 
     # ------------------------------------------------------------------ life cycle
     def _inference_process(self, gpu: int) -> InferenceProcess:
@@ -255,7 +255,9 @@ class FrontDoor:
             capacity[NO_PICTURE] = health["motion_capacity_fps"]
             out.append(WorkerLoad(worker.index, worker.spec.gpu, counts[False], capacity,
                                   motion=counts[True], loop_load=health["loop_load"],
-                                  measured_cost=health["loop_load_cost"]))
+                                  measured_cost=health["loop_load_cost"],
+                                  loop_idle=health["loop_idle"],
+                                  loop_unit=health["loop_unit"]))
         return out
 
     async def _replay_uploads(self, worker: WorkerProcess) -> None:

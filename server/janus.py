@@ -25,6 +25,7 @@ import aiohttp
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
+from server.audio_ingest import decode_on_loop
 from server.config import IceSettings, JanusSettings
 from server.peer import rtc_configuration, send_session
 from server.session import Session
@@ -326,6 +327,7 @@ class RoomPresence:
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
             if track.kind == "audio":
+                decode_on_loop(pc, track)
                 self.session.add_audio_source(track)
 
         body: dict[str, Any] = {"request": "join", "ptype": "subscriber",

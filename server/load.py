@@ -18,21 +18,25 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class LoopLoad:
-    """The loop thread's CPU share, measured every ``interval`` seconds and smoothed."""
+    """The loop thread's CPU share, measured every ``interval`` seconds and smoothed, and
+    what its sessions cost it (``model``, starting from ``prior`` per 256x256 session)."""
 
-    def __init__(self, interval: float = 1.0, smoothing: float = 0.5) -> None:
+    def __init__(self, prior: float, interval: float = 1.0, smoothing: float = 0.5) -> None:
         self.interval = interval
         self.smoothing = smoothing
         self.value = 0.0
+        self.model = CostModel(prior, min_cost=2.0)
 
-    async def run(self) -> None:
-        """Measure until cancelled; call on the loop to be measured."""
+    async def run(self, costs: Callable[[], tuple[float, float]]) -> None:
+        """Measure until cancelled; call on the loop to be measured. ``costs()``: the media
+        cost of its sessions, and of those settled (``CostModel.observe``)."""
         cpu, wall = time.thread_time(), time.monotonic()
         while True:
             await asyncio.sleep(self.interval)
             now_cpu, now_wall = time.thread_time(), time.monotonic()
             share = (now_cpu - cpu) / max(now_wall - wall, 1e-6)
             self.value += self.smoothing * (min(share, 1.0) - self.value)
+            self.model.observe(self.value, *costs())
             cpu, wall = now_cpu, now_wall
 
 
@@ -72,10 +76,13 @@ class CoresBusy:
             before, wall = after, now
 
 
-class HostModel:
-    """What the server's sessions cost its cores: the cores busy with none (``idle``) and
-    per unit of media cost (``unit``, a 256x256 video session), learnt from what is
-    measured whenever every session is settled, starting from a prior."""
+class CostModel:
+    """What sessions cost a resource (the server's cores, a worker's event loop): what is
+    busy with none (``idle``) and per unit of media cost (``unit``, a 256x256 video
+    session), learnt from what is measured whenever every session is settled, starting
+    from a prior. Only then does a reading hold all of its sessions' load and nothing
+    else: one taken as sessions start, or just after some ended (a smoothed reading
+    lags), would charge the sessions there for work that is not theirs."""
 
     def __init__(self, prior: float, smoothing: float = 0.3, min_cost: float = 4.0) -> None:
         self.unit = prior
@@ -84,8 +91,8 @@ class HostModel:
         self.min_cost = min_cost
 
     def observe(self, busy: float, total_cost: float, settled_cost: float) -> None:
-        """One reading: cores ``busy`` with sessions of ``total_cost``, of which
-        ``settled_cost`` have run long enough for ``busy`` to hold them in full."""
+        """One reading: ``busy`` with sessions of ``total_cost``, of which ``settled_cost``
+        have run long enough for ``busy`` to hold them in full."""
         if total_cost == 0:
             self.idle += self.smoothing * (busy - self.idle)
         elif settled_cost >= max(self.min_cost, total_cost):

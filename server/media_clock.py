@@ -17,12 +17,30 @@ AUDIO_RATE = 48000
 VIDEO_RATE = 90000  # RTP clock of video
 
 
+def on_grid(now: float, fps: int, phase: int, phases: int) -> float:
+    """The first time at or after ``now`` on the media grid: whole frame periods of the
+    monotonic clock (which every process of the server reads), shifted by ``phase``
+    of ``phases`` equal parts of one.
+
+    Sessions whose clocks start on the grid share their instants: their timers fire
+    together, so one wake-up of a worker's loop serves every session then due, and their
+    frames reach the shared scheduler together, as one batch per phase rather than one
+    small batch per session. Spread over the phases, each instant carries a share of the
+    sessions rather than all of them. A session starting on the grid waits at most a
+    frame period for its first chunk; its delay is unchanged."""
+    period = 1.0 / fps
+    offset = phase * period / phases
+    return math.ceil((now - offset) / period) * period + offset
+
+
 @dataclass(frozen=True)
 class MediaClock:
     origin: float
     fps: int
     delay: float
     chunk_samples: int = AUDIO_RATE // 50
+    #: How late past its send time a frame may still leave, rather than the last one again.
+    grace: float = 0.0
 
     @property
     def chunk_seconds(self) -> float:
@@ -45,6 +63,10 @@ class MediaClock:
 
     def video_send_time(self, i: int) -> float:
         return self.origin + self.delay + i * self.frame_seconds
+
+    def frame_deadline(self, i: int) -> float:
+        """When frame ``i`` must be rendered by to be shown at all (``grace``)."""
+        return self.video_send_time(i) + self.grace
 
     def video_index_at(self, t: float) -> int:
         return max(0, math.ceil((t - self.origin - self.delay) * self.fps))

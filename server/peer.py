@@ -25,6 +25,7 @@ from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, unpack_remb_fci
 from aiortc.sdp import SessionDescription
 
+from server.audio_ingest import decode_on_loop
 from server.config import IceSettings
 from server.session import Session
 from server.tracks import SharedVideoTrack
@@ -238,6 +239,7 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:
         if track.kind == "audio":
+            decode_on_loop(pc, track)
             session.add_audio_source(track)
         else:  # a publisher's camera, say: read and dropped, or aiortc would queue it all
             asyncio.get_running_loop().create_task(_drain(track))

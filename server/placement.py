@@ -46,10 +46,14 @@ class WorkerLoad:
     #: Its GPU's measured engine capacity, by frame side (NO_PICTURE: coefficients alone).
     capacity_fps: dict[int, float]
     motion: dict[int, int] = field(default_factory=dict)  # motion-only sessions, by side
-    #: Its event loop's measured CPU share, and the media cost of the sessions it carried
-    #: then (its own count, without offers reserved since): the cost of one more follows.
+    #: Its event loop's measured CPU share, and the media cost of the settled sessions it
+    #: carried then (which the host's cost model learns from).
     loop_load: float = 0.0
     measured_cost: float = 0.0
+    #: What its sessions cost its loop, as its own cost model has learnt (``CostModel``):
+    #: the idle loop's share, and the share per unit of media cost.
+    loop_idle: float = 0.0
+    loop_unit: float = 0.0
 
     @property
     def count(self) -> int:
@@ -64,11 +68,11 @@ class WorkerLoad:
         return media_cost(self.sessions, self.motion)
 
     def loop_load_with(self, cost: float) -> float:
-        """Its loop's load once a session of media ``cost`` is added, scaled from what its
-        sessions measure now; before any is measured, what the idle loop measures."""
-        if self.measured_cost <= 0:
-            return self.loop_load
-        return self.loop_load * (self.media_cost + cost) / self.measured_cost
+        """Its loop's load once a session of media ``cost`` is added: the model's figure
+        for all its sessions (reserved offers included, so a burst is charged before its
+        load shows), or, if more, what is measured now plus the newcomer's share."""
+        return max(self.loop_idle + self.loop_unit * (self.media_cost + cost),
+                   self.loop_load + self.loop_unit * cost)
 
     def frames(self) -> dict[int, int]:
         """Sessions the engine runs for: video by frame side, motion-only as NO_PICTURE."""

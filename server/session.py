@@ -33,7 +33,7 @@ from inference.service import Inference
 from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
 from server.events import EventStream
-from server.media_clock import AUDIO_RATE, MediaClock
+from server.media_clock import AUDIO_RATE, MediaClock, on_grid
 from server.metrics import Metrics
 from server.recording import record
 from server.speech import SpeechQueue, Utterances
@@ -97,7 +97,8 @@ class Session:
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
                  hosted: bool = False, published: bool = False, owner: str | None = None,
                  name: str | None = None, token: str | None = None,
-                 encoder_speed: int = 12) -> None:
+                 encoder_speed: int = 12,
+                 grid_phase: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
         self.owner = owner  # the API key that made it (``server.access``), if keys are on
@@ -122,8 +123,13 @@ class Session:
         self.events = EventStream(self.id)
         self._next_chunk = 0
         self.close_reason: str | None = None
-        self.clock = MediaClock(origin=loop.time(), fps=fps,
-                                delay=settings.pipeline_delay_ms / 1000.0)
+        #: (phase, phases): where on the media grid its clock starts (``on_grid``); None: now.
+        self.grid_phase = grid_phase
+        origin = loop.time() if grid_phase is None else \
+            on_grid(loop.time(), fps, *grid_phase)
+        self.clock = MediaClock(origin=origin, fps=fps,
+                                delay=settings.pipeline_delay_ms / 1000.0,
+                                grace=settings.frame_grace_ms / 1000.0)
         self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
                                   settings.max_buffer_ms)
         self.speech = Utterances(session_id, self.clock, SpeechQueue(
@@ -134,6 +140,7 @@ class Session:
         self._metrics = metrics
         self._windows = FrameWindows(manifest)
         self._resampler = Resampler(manifest.features.sample_rate)
+        self._unheard: list[np.ndarray] = []  # timeline chunks the features have not heard
         self._phase = random.uniform(0.0, 1000.0)
         self._chunks: dict[int, np.ndarray] = {}
         self._arrivals: dict[int, float] = {}
@@ -225,6 +232,7 @@ class Session:
         for k in range(cut, self._next_chunk):
             self._chunks[k] = np.zeros(self.clock.chunk_samples, np.int16)
         heard = self.speech.cut(cut, self._next_chunk)
+        self._hear()  # what the features still hold back is silenced with the rest
         rate = self.manifest.features.sample_rate
         self._windows.silence_from(cut * self.clock.chunk_samples * rate // AUDIO_RATE)
         first_frame = -(-cut // self.clock.chunks_per_frame)
@@ -343,6 +351,21 @@ class Session:
         self._arrivals.pop(k - KEEP_CHUNKS, None)
         self._audio_sent.pop(k - KEEP_CHUNKS, None)
         self._video_awaiting_audio.pop(k - KEEP_CHUNKS, None)
+        self._unheard.append(samples)
+        unheard = len(self._unheard) * self.clock.chunk_samples
+        if self._windows.samples_pushed + self._resampler.output_after(unheard, AUDIO_RATE) \
+                >= self._windows.samples_wanted():
+            self._hear()
+
+    def _hear(self) -> None:
+        """The features hear the chunks held back, and the frames they complete go to the
+        engine. Chunks are held until the next frame's window can be complete, so the
+        resampling and the log-mel run once per frame, not once per chunk; no frame waits
+        for it."""
+        if not self._unheard:
+            return
+        samples = np.concatenate(self._unheard) if len(self._unheard) > 1 else self._unheard[0]
+        self._unheard.clear()
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = AUDIO_RATE
         pcm = self._resampler.resample(frame)
@@ -361,7 +384,7 @@ class Session:
         request = FrameInput.for_frame(self.avatar.slot, i, self.clock.fps, mel,
                                        self.manifest.knob_vector(self.options.values),
                                        self._phase)
-        future = self._inference.submit(request, self.clock.video_send_time(i),
+        future = self._inference.submit(request, self.clock.frame_deadline(i),
                                         picture=not self.motion_only)
         future.add_done_callback(self._count_drop)
         self._frames[i] = future
@@ -382,6 +405,17 @@ class Session:
             return None
         self._coefficients = result.coefficients
         return result.frame
+
+    async def wait_video_frame(self, index: int, until: float) -> np.ndarray | None:
+        future = self._frames.get(index)
+        if future is not None and not future.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(future),
+                                       until - asyncio.get_running_loop().time())
+            except (TimeoutError, asyncio.CancelledError):
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
+        return self.video_frame(index)
 
     def idle_frame(self) -> np.ndarray:
         return self.avatar.idle_frame

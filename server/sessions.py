@@ -7,7 +7,7 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,29 @@ class NameTaken(ValueError):
 SETTLED_S = 3.0
 
 
+def _grid_phases(setting: int, runtime: str) -> int:
+    """``session.grid_phases`` resolved: 0 picks by the runtime (2 instants a frame with a
+    GPU's, none with the CPU's), -1 is none."""
+    if setting == 0:
+        return 0 if runtime == "onnxruntime" else 2
+    return max(setting, 0)
+
+
+def _cost(sessions: Iterable[Session]) -> float:
+    video: collections.Counter[int] = collections.Counter()
+    motion: collections.Counter[int] = collections.Counter()
+    for session in sessions:
+        (motion if session.motion_only else video)[session.avatar.size] += 1
+    return media_cost(video, motion)
+
+
 class SessionManager:
     def __init__(self, settings: Settings, manifest: Manifest, inference: Inference,
-                 avatars: AvatarStore, metrics: Metrics, id_prefix: str = "") -> None:
+                 avatars: AvatarStore, metrics: Metrics, id_prefix: str = "",
+                 runtime: str = "onnxruntime") -> None:
         self.settings = settings
+        #: Instants of the media grid that session clocks start on (0: none).
+        self.grid_phases = _grid_phases(settings.session.grid_phases, runtime)
         #: Starts every session id: a media worker's ``w<index>-``, so the front door can
         #: route a session's requests (a streamed speech body can be sent only once).
         self.id_prefix = id_prefix
@@ -76,15 +95,16 @@ class SessionManager:
             if session.motion_only == motion_only
             and (not answering or not self._peers.get(session_id))))
 
+    def media_cost(self) -> float:
+        """Media cost of every live session (``server.placement.session_cost``)."""
+        return _cost(self._sessions.values())
+
     def settled_cost(self, after_s: float = SETTLED_S) -> float:
         """Media cost of the sessions with a peer, made ``after_s`` or more ago: those whose
         load the loop's measure already holds in full."""
         now = time.time()
-        settled = [s for session_id, s in self._sessions.items()
-                   if self._peers.get(session_id) and now - s.created >= after_s]
-        return media_cost(
-            collections.Counter(s.avatar.size for s in settled if not s.motion_only),
-            collections.Counter(s.avatar.size for s in settled if s.motion_only))
+        return _cost(s for session_id, s in self._sessions.items()
+                     if self._peers.get(session_id) and now - s.created >= after_s)
 
     def degraded(self, below_fps: float) -> int:
         """Sessions, sending for a while, whose fresh frames per second are under ``below_fps``:
@@ -136,7 +156,8 @@ class SessionManager:
                           manifest=self.manifest, inference=self.inference,
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
                           published=published, owner=owner, name=name, token=token,
-                          encoder_speed=self.settings.video.encoder_speed)
+                          encoder_speed=self.settings.video.encoder_speed,
+                          grid_phase=self._quietest_phase(size, motion_only))
         self._sessions[session.id] = session
         self._peers[session.id] = {}
         if record:
@@ -147,6 +168,16 @@ class SessionManager:
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.set(len(self._sessions))
         return session
+
+    def _quietest_phase(self, size: int, motion_only: bool) -> tuple[int, int] | None:
+        """The phase of the media grid with the fewest live sessions like this one (which
+        the scheduler batches together), so each instant carries an even share."""
+        phases = self.grid_phases
+        if not phases:
+            return None
+        alike = collections.Counter(s.grid_phase for s in self._sessions.values()
+                                    if s.avatar.size == size and s.motion_only == motion_only)
+        return min(((p, phases) for p in range(phases)), key=lambda p: alike[p])
 
     def add_peer(self, session: Session, pc: RTCPeerConnection) -> str:
         """Keep ``pc`` until it or its session goes; the id it is known by."""

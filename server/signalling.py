@@ -222,8 +222,11 @@ async def healthz(request: web.Request) -> web.Response:
         "motion_capacity_fps": round(state.inference.capacity_fps(NO_PICTURE), 1),
         # Share of each second the event loop's thread is on CPU (server/load.py).
         "loop_load": round(state.loop_load.value, 3),
-        # ... and the media cost of the sessions that measure holds (server/placement.py).
+        # ... the media cost of the settled sessions it holds, and what the loop's cost model
+        # has learnt from the two (server/load.py): idle, and per 256x256 session.
         "loop_load_cost": round(state.sessions.settled_cost(), 3),
+        "loop_idle": round(state.loop_load.model.idle, 4),
+        "loop_unit": round(state.loop_load.model.unit, 4),
     })
 
 

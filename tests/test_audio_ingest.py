@@ -96,3 +96,80 @@ def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():
         assert clock.video_pts(i) / 90000 == clock.audio_pts(k) / 48000
     assert clock.video_index_at(clock.video_send_time(7) - 0.001) == 7
     assert clock.chunk_index_at(clock.audio_send_time(9) + 0.001) == 10
+
+
+async def _pair(sender_track, on_receiver_track):  # type: ignore[no-untyped-def]
+    """Two aiortc peers on loopback: ``sender_track`` goes one way, and the receiving
+    side's ``on_receiver_track(pc, track)`` runs as the track arrives."""
+    import asyncio
+
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    sender = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    receiver = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    arrived: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    @receiver.on("track")
+    def on_track(track):  # type: ignore[no-untyped-def]
+        on_receiver_track(receiver, track)
+        arrived.set_result(track)
+
+    sender.addTrack(sender_track)
+    await sender.setLocalDescription(await sender.createOffer())
+    await receiver.setRemoteDescription(sender.localDescription)
+    await receiver.setLocalDescription(await receiver.createAnswer())
+    await sender.setRemoteDescription(receiver.localDescription)
+    return sender, receiver, await arrived
+
+
+async def test_audio_decoded_on_the_loop_is_the_speech_sent_and_needs_no_thread(speech_wav):
+    import threading
+
+    from server.audio_ingest import decode_on_loop
+    from server.client import EncodedSpeech
+
+    packets = EncodedSpeech.encode_wav(str(speech_wav))
+    threads = threading.active_count()
+    sender, receiver, track = await _pair(EncodedSpeech(packets), decode_on_loop)
+    try:
+        frames = [await track.recv() for _ in range(150)]  # 3 s
+        # aiortc would hold a decoder thread per receiver for the call's whole length.
+        assert threading.active_count() == threads
+    finally:
+        await sender.close()
+        await receiver.close()
+    assert all(f.layout.name == "mono" and f.format.name == "s16" and f.sample_rate == 48000
+               and f.samples == 960 for f in frames)
+    got = np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float64)
+    # The same packets through libopus on their own: what the peer sent.
+    reference = av.CodecContext.create("libopus", "r")
+    reference.format, reference.layout, reference.sample_rate = "s16", "mono", 48000
+    want = np.concatenate([f.to_ndarray().reshape(-1) for p in packets[:150]
+                           for f in reference.decode(av.Packet(p))]).astype(np.float64)
+    # Decoding starts wherever the receiver's jitter buffer let the first packet through.
+    lag = int(np.argmax(np.correlate(want[:48000], got[:9600], "valid")))
+    segment = want[lag:lag + got.size]
+    assert np.corrcoef(got[:segment.size], segment)[0, 1] > 0.99
+
+
+def test_the_resampler_says_what_more_input_will_bring_out_and_batching_changes_nothing():
+    """Once running, ``output_after`` is exact (the filter's hold-back is constant), and a
+    stream resampled 40 ms at a time comes out the same as 20 ms at a time."""
+    pcm = (np.random.default_rng(1).normal(0, 3000, 48000)).astype(np.int16)
+
+    def run(sizes: list[int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        resampler, pos, out, said = Resampler(16000), 0, [], []
+        for n in sizes:
+            expected = resampler.output_after(n, 48000)
+            frame = av.AudioFrame.from_ndarray(pcm[pos:pos + n].reshape(1, -1), format="s16",
+                                               layout="mono")
+            frame.sample_rate = 48000
+            out.append(resampler.resample(frame))
+            said.append((expected, out[-1].size))
+            pos += n
+        return np.concatenate(out), said
+
+    per_chunk, said = run([960] * 40)
+    per_frame, _ = run([1920] * 20)
+    assert all(expected == got for expected, got in said[1:]), said
+    np.testing.assert_array_equal(per_chunk, per_frame)

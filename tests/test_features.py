@@ -207,3 +207,30 @@ def test_frame_windows_cut_each_frame_as_the_timing_says(speech: np.ndarray) -> 
         np.testing.assert_allclose(window, expected, rtol=0, atol=1e-5)
         if i in got:
             np.testing.assert_allclose(got[i], window, rtol=0, atol=1e-5)
+
+
+def test_audio_held_back_until_samples_wanted_completes_each_frame_when_it_is_pushed(
+        speech: np.ndarray) -> None:
+    """A caller pushing only once ``samples_wanted`` is reached (a frame period's audio in
+    one call) gets every frame at the same point of the stream, with the same window, as
+    one pushing each 20 ms chunk the moment it has it."""
+    eager, held = FrameWindows(TIMING), FrameWindows(TIMING)
+    eager_at: dict[int, tuple[int, np.ndarray]] = {}
+    held_at: dict[int, tuple[int, np.ndarray]] = {}
+    pending: list[np.ndarray] = []
+    pushes = 0
+    for pos in range(0, speech.size - 320, 320):
+        chunk = speech[pos:pos + 320]
+        eager.push(chunk)
+        eager_at.update((i, (pos, w)) for i, w in eager.ready())
+        pending.append(chunk)
+        if held.samples_pushed + 320 * len(pending) >= held.samples_wanted():
+            held.push(np.concatenate(pending))
+            pending.clear()
+            pushes += 1
+            held_at.update((i, (pos, w)) for i, w in held.ready())
+    assert sorted(held_at) == sorted(eager_at) and len(held_at) > 50
+    assert pushes <= len(held_at) + 1  # one push a frame, not one a chunk
+    for i, (pos, window) in eager_at.items():
+        assert held_at[i][0] == pos
+        np.testing.assert_array_equal(held_at[i][1], window)

@@ -5,12 +5,14 @@ clock, moving with the speech; the delayed audio still comes back; bad requests 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
+from conftest import ServerProcess
 
 from server.client import Received, run_session
 
@@ -106,3 +108,47 @@ async def test_the_engine_makes_motion_only_frames_without_rendering(server):
             health = await r.json()
     rendered = health["capacity_fps"]  # at the default size, 256x256
     assert rendered > 0 and health["motion_capacity_fps"] > 5 * rendered
+
+
+def _batches(exposition: str) -> tuple[float, float]:
+    """(engine calls, frames in them) so far, from /metrics."""
+    def total(name: str) -> float:
+        return sum(float(line.split()[-1]) for line in exposition.splitlines()
+                   if line.startswith(name + " ") or line.startswith(name + "{"))
+    return total("sonic_engine_batch_size_count"), total("sonic_engine_batch_size_sum")
+
+
+def test_sessions_share_engine_batches_on_the_instants_of_the_media_grid(speech_wav):
+    """Session clocks start on one of two instants per frame (``session.grid_phases``, a
+    GPU runtime's default), alternately: the frames of the sessions on one instant reach
+    the engine together, as one batch, so four sessions made 10 ms apart make batches of
+    two, not of one (each on its own clock) nor of four (all on one instant)."""
+    with ServerProcess("--set", "session.grid_phases=2") as server:
+        mean, fps = asyncio.run(_batched(server, speech_wav))
+    assert all(f > 24 for f in fps), fps
+    assert 1.8 <= mean <= 2.2, mean
+
+
+async def _batched(server: ServerProcess, speech_wav: Path) -> tuple[float, list[float]]:
+    """Four motion-only sessions, made 10 ms apart: the mean engine batch while all run,
+    and each one's coefficient messages per second."""
+    from server.client import EncodedSpeech
+
+    packets = EncodedSpeech.encode_wav(str(speech_wav))
+
+    async def peer(after: float) -> Received:
+        await asyncio.sleep(after)
+        return await run_session(server.url, "", seconds=9.0,
+                                 options={"motion_only": True, "size": 256},
+                                 audio=EncodedSpeech(packets), count_only=True, keep=False)
+
+    peers = [asyncio.create_task(peer(0.01 * i)) for i in range(4)]
+    async with aiohttp.ClientSession() as http:
+        await asyncio.sleep(4.0)  # all four connected and sending
+        async with http.get(f"{server.url}/metrics") as r:
+            calls, frames = _batches(await r.text())
+        await asyncio.sleep(3.0)
+        async with http.get(f"{server.url}/metrics") as r:
+            later_calls, later_frames = _batches(await r.text())
+    received = await asyncio.gather(*peers)
+    return (later_frames - frames) / (later_calls - calls), [r.motion_fps() for r in received]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inference.engine import NO_PICTURE
-from server.load import HostModel
+from server.load import CostModel
 from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
 
 LIMITS = Limits(max_sessions=10, worker_sessions=4, max_engine_load=0.9, fps=25)
@@ -82,20 +82,33 @@ def test_motion_only_sessions_have_their_own_caps_and_load_the_engine_by_their_o
 def test_a_worker_whose_event_loop_would_pass_its_limit_is_passed_over():
     limits = Limits(max_sessions=100, worker_sessions=50, max_engine_load=0.9, fps=25,
                     max_worker_load=0.8)
-    # Worker 0: four settled 256 sessions keep its loop 60% busy, so one more 256 costs
-    # 15% (75%) and one more 512 30% (90%, past the limit). Worker 1 measured 50% for six,
-    # two offers since reserved: another 256 would bring it to 9/6 x 50% = 75%.
-    busy = WorkerLoad(0, 0, {256: 4}, CAPACITY, loop_load=0.6, measured_cost=4.0)
-    reserved = WorkerLoad(1, 0, {256: 8}, CAPACITY, loop_load=0.5, measured_cost=6.0)
-    assert busy.loop_load_with(1.0) == pytest.approx(0.75)
-    assert reserved.loop_load_with(1.0) == pytest.approx(0.75)
+    # Worker 0: its loop costs 0.02 idle and 0.15 a 256 session, four of them measured at
+    # 62%: one more 256 brings it to 77%, one more 512 (1.41 units) to 83%, past the limit.
+    busy = WorkerLoad(0, 0, {256: 4}, CAPACITY, loop_load=0.62, loop_idle=0.02,
+                      loop_unit=0.15)
+    assert busy.loop_load_with(1.0) == pytest.approx(0.77)
     assert place([busy], 256, limits) == 0
     with pytest.raises(Refused, match="max_worker_load=0.8"):
         place([busy], 512, limits)
-    assert place([busy, WorkerLoad(1, 1, {256: 6}, CAPACITY, loop_load=0.1,
-                                   measured_cost=6.0)], 512, limits) == 1
-    # Before any session is measured, the idle loop's own load is all there is to go by.
-    assert place([WorkerLoad(0, 0, {}, CAPACITY, loop_load=0.02)], 512, limits) == 0
+    # Offers placed but not yet showing in the measure are charged at the model's cost.
+    burst = WorkerLoad(1, 0, {256: 5}, CAPACITY, loop_load=0.05, loop_idle=0.02,
+                       loop_unit=0.15)
+    assert burst.loop_load_with(1.0) == pytest.approx(0.92)
+    assert place([busy, WorkerLoad(1, 1, {256: 2}, CAPACITY, loop_load=0.3, loop_idle=0.02,
+                                   loop_unit=0.15)], 512, limits) == 1
+
+
+def test_a_loop_measured_just_after_sessions_left_is_not_charged_to_the_one_that_stayed():
+    """The loop's smoothed reading lags: a second after two sessions ended it still holds
+    some of their load. Scaling that reading by the one session left (three times its real
+    cost) refused a newcomer on a loop half idle; the loop's model, learnt only while every
+    session was settled, does not."""
+    limits = Limits(max_sessions=100, worker_sessions=50, max_engine_load=0.9, fps=25,
+                    max_worker_load=0.8)
+    after = WorkerLoad(0, 0, {256: 1}, CAPACITY, loop_load=0.45, measured_cost=1.0,
+                       loop_idle=0.02, loop_unit=0.15)
+    assert after.loop_load_with(1.0) == pytest.approx(0.6)
+    assert place([after], 256, limits) == 0
 
 
 def test_the_servers_cores_bound_admission_even_before_any_session_is_measured():
@@ -113,7 +126,7 @@ def test_the_servers_cores_bound_admission_even_before_any_session_is_measured()
 
 
 def test_the_host_model_learns_from_steady_states_only():
-    model = HostModel(prior=0.11)
+    model = CostModel(prior=0.11)
     model.observe(busy=0.6, total_cost=0, settled_cost=0)  # no session: idle
     assert model.idle == pytest.approx(0.18) and model.unit == 0.11
     model.observe(busy=5.0, total_cost=50, settled_cost=20)  # some still starting: ignored

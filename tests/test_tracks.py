@@ -50,3 +50,78 @@ async def test_video_track_repeats_a_late_frame_and_reports_skipped_frame_times(
     index = source.sent[-1][0]
     assert index >= 7 and source.skipped == index - 3
     assert frame.pts == source.clock.video_pts(index)
+
+
+def test_clocks_started_on_one_phase_of_the_grid_share_their_instants() -> None:
+    from server.media_clock import on_grid
+
+    period = 1 / 25
+    for now in (1000.0, 1000.013, 1000.0399, 123456.789):
+        origins = [on_grid(now + lag, 25, phase, 2) for lag in (0.0, 0.011)
+                   for phase in (0, 1)]
+        for origin, lag in zip(origins, (0.0, 0.0, 0.011, 0.011), strict=True):
+            assert now + lag <= origin < now + lag + period + 1e-9
+        for phase in (0, 1):  # whenever in a period a session starts, on its phase's instant
+            offset = (origins[phase] - phase * period / 2) / period
+            assert abs(offset - round(offset)) < 1e-6
+        assert abs(abs(origins[1] - origins[0]) - period / 2) < 1e-6
+
+
+def test_an_i420_picture_becomes_the_same_video_frame_with_or_without_row_padding() -> None:
+    import av
+
+    from server.tracks import i420_frame
+
+    rng = np.random.default_rng(0)
+    for side in (256, 512, 200):  # 200: PyAV pads its rows
+        yuv = rng.integers(0, 256, (side * 3 // 2, side), np.uint8)
+        frame = i420_frame(yuv)
+        assert (frame.width, frame.height, frame.format.name) == (side, side, "yuv420p")
+        np.testing.assert_array_equal(
+            frame.to_ndarray(), av.VideoFrame.from_ndarray(yuv, format="yuv420p").to_ndarray())
+
+
+class LateSource(Source):
+    """Frame ``i`` is rendered ``late[i]`` seconds after its send time (never if absent)."""
+
+    def __init__(self, grace: float, late: dict[int, float]) -> None:
+        super().__init__()
+        self.clock = MediaClock(origin=self.clock.origin, fps=25, delay=0.0, grace=grace)
+        loop = asyncio.get_running_loop()
+        self.frames: dict[int, asyncio.Future[None]] = {}
+        for index, seconds in late.items():
+            future = loop.create_future()
+            loop.call_at(self.clock.video_send_time(index) + seconds, future.set_result, None)
+            self.frames[index] = future
+        self.sent_at: list[float] = []
+
+    def video_frame(self, index: int) -> np.ndarray | None:
+        future = self.frames.get(index)
+        return np.full((16, 16, 3), index, np.uint8) if future is not None and future.done() \
+            else None
+
+    async def wait_video_frame(self, index: int, until: float) -> np.ndarray | None:
+        future = self.frames.get(index)
+        if future is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(future),
+                                       until - asyncio.get_running_loop().time())
+            except TimeoutError:
+                pass
+        return self.video_frame(index)
+
+    def report_video(self, index: int, content_index: int, sent_at: float) -> None:
+        super().report_video(index, content_index, sent_at)
+        self.sent_at.append(sent_at - self.clock.video_send_time(index))
+
+
+async def test_a_frame_late_by_less_than_the_grace_leaves_late_and_a_later_one_is_repeated():
+    source = LateSource(grace=0.015, late={0: -0.01, 1: 0.006, 2: 0.03, 3: -0.01})
+    track = SessionVideoTrack(source)
+    for _ in range(4):
+        await track.recv()
+    # Frame 1 waited for (6 ms late, within the 15 ms grace); frame 2 (30 ms) was not:
+    # frame 1 again, sent once the grace ran out; frame 3 on time.
+    assert source.sent == [(0, 0), (1, 1), (2, 1), (3, 3)]
+    assert 0.004 <= source.sent_at[1] <= 0.012 and 0.013 <= source.sent_at[2] <= 0.025
+    assert source.sent_at[0] < 0.004 and source.sent_at[3] < 0.004
