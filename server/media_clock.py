@@ -68,10 +68,16 @@ class MediaClock:
         """When frame ``i`` must be rendered by to be shown at all (``grace``)."""
         return self.video_send_time(i) + self.grace
 
-    def video_index_at(self, t: float) -> int:
-        return max(0, math.ceil((t - self.origin - self.delay) * self.fps))
+    def video_index_due(self, t: float) -> int:
+        """The newest frame whose send time has come by ``t`` (0 before the first)."""
+        return max(0, math.floor((t - self.origin - self.delay) * self.fps + 1e-6))
+
+    def chunk_index_due(self, t: float) -> int:
+        """The newest audio chunk whose send time has come by ``t`` (0 before the first)."""
+        return max(0, math.floor((t - self.origin - self.delay) / self.chunk_seconds + 1e-6))
 
     def chunk_index_at(self, t: float) -> int:
+        """The first audio chunk whose send time has not passed by ``t``."""
         return max(0, math.ceil((t - self.origin - self.delay) / self.chunk_seconds))
 
     def video_pts(self, i: int) -> int:

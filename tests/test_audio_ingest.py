@@ -94,7 +94,8 @@ def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():
         k = i * clock.chunks_per_frame
         assert clock.video_send_time(i) == clock.audio_send_time(k)
         assert clock.video_pts(i) / 90000 == clock.audio_pts(k) / 48000
-    assert clock.video_index_at(clock.video_send_time(7) - 0.001) == 7
+    assert clock.video_index_due(clock.video_send_time(7) - 0.001) == 6
+    assert clock.video_index_due(clock.video_send_time(7)) == 7
     assert clock.chunk_index_at(clock.audio_send_time(9) + 0.001) == 10
 
 

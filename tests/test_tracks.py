@@ -52,6 +52,43 @@ async def test_video_track_repeats_a_late_frame_and_reports_skipped_frame_times(
     assert frame.pts == source.clock.video_pts(index)
 
 
+async def test_a_frame_time_the_loop_comes_to_late_still_leaves_and_is_not_skipped() -> None:
+    source = Source()
+    source.ready = set(range(10))
+    track = SessionVideoTrack(source)
+    for _ in range(2):
+        await track.recv()
+    time.sleep(0.055)  # past frame 2's time, not frame 3's
+    await track.recv()
+    await track.recv()
+    assert source.sent == [(0, 0), (1, 1), (2, 2), (3, 3)] and source.skipped == 0
+
+
+async def test_an_audio_chunk_the_loop_comes_to_late_still_leaves() -> None:
+    from server.tracks import SessionAudioTrack
+
+    class Audio:
+        clock = Source().clock
+        is_closed = False
+        reported: list[int] = []
+
+        def audio_chunk(self, k: int) -> np.ndarray:
+            return np.full(960, k, np.int16)
+
+        def report_audio(self, k: int, sent_at: float) -> None:
+            self.reported.append(k)
+
+    source = Audio()
+    track = SessionAudioTrack(source)  # type: ignore[arg-type]
+    await track.recv()
+    time.sleep(0.03)  # past chunk 1's time, not chunk 2's
+    for _ in range(3):
+        await track.recv()
+    time.sleep(0.05)  # past chunks 4 and 5: 4 is skipped, 5 leaves late
+    await track.recv()
+    assert source.reported == [0, 1, 2, 3, 5]
+
+
 def test_clocks_started_on_one_phase_of_the_grid_share_their_instants() -> None:
     from server.media_clock import on_grid
 
