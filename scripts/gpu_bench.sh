@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole server on a GPU host, end to end, in one command (issue 8; BENCHMARKS.md):
+# where aiortc and PyAV do not import, installs the wheelhouse parts found in .wheelhouse
+# (scripts/gpu_wheelhouse.py builds them, as the README's GPU section says); then runs the load generator once per SIZExSESSIONS argument ("motion" for
+# motion-only sessions at 256), with the server on the first three quarters of the
+# cores and its peers on the rest. Each run's JSON line goes to stdout and to
+# ${OUT:-.}/gpu_bench.jsonl.
+#
+#   bash scripts/gpu_bench.sh 512x64 256x128 motionx256
+#
+# WAV (default .gpudata/speech.wav), SECONDS_PER_RUN (20), RUNTIME (torch-cuda) and
+# SERVER_SETTINGS (more server arguments, e.g. "--set session.max_host_load=0.95")
+# change it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python3 -c "import aiortc, av" 2> /dev/null; then
+    mkdir -p .sonic-site
+    for part in .wheelhouse/site-*.tar.xz; do tar -xJf "$part" -C .sonic-site; done
+    export PYTHONPATH="$PWD/.sonic-site:$PWD"
+fi
+cores=$(nproc)
+server_last=$(( cores * 3 / 4 - 1 ))
+wav=${WAV:-.gpudata/speech.wav}
+out=${OUT:-.}/gpu_bench.jsonl
+settings=(--runtime "${RUNTIME:-torch-cuda}" --set session.max_sessions=1024
+          --set session.max_motion_sessions=2048 ${SERVER_SETTINGS:-})
+for run in "$@"; do
+    kind=${run%x*}
+    sessions=${run#*x}
+    if [[ $kind == motion ]]; then size=(--size 256 --motion-only); else size=(--size "$kind"); fi
+    python3 -m benchmarks.sessions --wav "$wav" --sessions "$sessions" "${size[@]}" \
+        --seconds "${SECONDS_PER_RUN:-20}" --json --server-cpus "0-$server_last" \
+        --client-cpus "$(( server_last + 1 ))-$(( cores - 1 ))" -- "${settings[@]}" \
+        | tail -n 1 | tee -a "$out"
+done
