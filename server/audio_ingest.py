@@ -181,13 +181,13 @@ class Resampler:
         self._graph: av.filter.Graph | None = None
         self._input: tuple[str, str, int] | None = None
         self._samples_in = 0  # since the graph was made
-        self._samples_out = 0
 
     def output_after(self, samples: int, rate: int) -> int:
-        """Samples that ``samples`` more input at ``rate`` will bring out: its share at the
-        output rate, less what the filter still holds back (a constant once it runs)."""
-        held = self._samples_in * self.rate // rate - self._samples_out
-        return (self._samples_in + samples) * self.rate // rate - self._samples_out - held
+        """Samples that ``samples`` more input at ``rate`` will bring out: the growth of the
+        input's length at the output rate (what the filter holds back is constant once it
+        runs, so it cancels)."""
+        return ((self._samples_in + samples) * self.rate // rate
+                - self._samples_in * self.rate // rate)
 
     def _configure(self, frame: av.AudioFrame) -> av.filter.Graph:
         graph = av.filter.Graph()
@@ -207,7 +207,7 @@ class Resampler:
         shape = (frame.format.name, frame.layout.name, frame.sample_rate)
         if self._graph is None or shape != self._input:
             self._graph, self._input = self._configure(frame), shape
-            self._samples_in = self._samples_out = 0
+            self._samples_in = 0
         frame.pts = None  # the graph keeps its own time
         self._graph.push(frame)
         self._samples_in += frame.samples
@@ -217,9 +217,7 @@ class Resampler:
                 out.append(self._graph.pull().to_ndarray().reshape(-1))
             except (av.BlockingIOError, av.EOFError):
                 break
-        pcm = np.concatenate(out) if len(out) > 1 else out[0] if out else np.zeros(0, np.int16)
-        self._samples_out += pcm.size
-        return pcm
+        return np.concatenate(out) if len(out) > 1 else out[0] if out else np.zeros(0, np.int16)
 
 
 def to_mono_48k(frame: av.AudioFrame, resampler: Resampler) -> np.ndarray:

@@ -73,8 +73,8 @@ class FramePacer:
     a few milliseconds late is shown late, lips that much behind the sound, rather than
     the last picture again for a whole frame). A frame the loop comes to late still leaves,
     that much late; only a frame time the next one's has also passed is skipped, not
-    burst, and reported as skipped. Skipping every frame whose time had passed at all cost
-    a busy worker 15% of its frames, each late by a few milliseconds."""
+    burst, and reported as skipped: skipping every frame whose time had passed at all
+    made a worker a few milliseconds behind lose whole frames."""
 
     def __init__(self, source: VideoSource) -> None:
         self._source = source
