@@ -74,6 +74,7 @@ class SoakReport:
     steady_fps: list[float] = field(default_factory=list)  # received, per 5 s window
     steady_delay_p50_ms: list[float] = field(default_factory=list)  # server's, per cycle
     steady_delay_p95_ms: list[float] = field(default_factory=list)
+    steady_av_p50_ms: list[float] = field(default_factory=list)
     steady_av_p95_ms: list[float] = field(default_factory=list)
     transient_fps: dict[str, list[float]] = field(default_factory=dict)
     transient_failures: list[str] = field(default_factory=list)
@@ -92,6 +93,7 @@ class SoakReport:
             "steady_fps_min": round(min(self.steady_fps, default=0.0), 2),
             "steady_delay_p50_ms_max": max(self.steady_delay_p50_ms, default=None),
             "steady_delay_p95_ms_max": max(self.steady_delay_p95_ms, default=None),
+            "steady_av_p50_ms_max": max(self.steady_av_p50_ms, default=None),
             "steady_av_p95_ms_max": max(self.steady_av_p95_ms, default=None),
             "transient_fps_median": {k: round(float(np.median(v)), 2)
                                      for k, v in self.transient_fps.items()},
@@ -223,6 +225,7 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
             if longest["pipeline_delay_ms"]["p95"] is not None:
                 report.steady_delay_p50_ms.append(longest["pipeline_delay_ms"]["p50"])
                 report.steady_delay_p95_ms.append(longest["pipeline_delay_ms"]["p95"])
+                report.steady_av_p50_ms.append(abs(longest["av_offset_ms"]["p50"]))
                 report.steady_av_p95_ms.append(abs(longest["av_offset_ms"]["p95"]))
             total = usage_by_kind(url, pid)
             report.trace.append({"t": round(time.monotonic() - measured_from, 1),
