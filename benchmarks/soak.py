@@ -8,14 +8,18 @@ Bad networks are made at the client's sockets (``server.client.Impairment``): th
 machines have no netem. Everything is sent to 127.0.0.1, bounded in count and time.
 
     python -m benchmarks.soak --minutes 30     # BENCHMARKS.md; tests/test_soak.py: 1 minute
+    python -m benchmarks.soak --minutes 0.33 --busy 0.35 0.35   # with a noisy neighbour
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,6 +80,8 @@ class SoakReport:
     steady_delay_p95_ms: list[float] = field(default_factory=list)
     steady_av_p50_ms: list[float] = field(default_factory=list)
     steady_av_p95_ms: list[float] = field(default_factory=list)
+    #: Of the frames the long session sent while measured, those that repeated the last.
+    steady_repeated_pct: float | None = None
     transient_fps: dict[str, list[float]] = field(default_factory=dict)
     transient_failures: list[str] = field(default_factory=list)
     hostile_answers: int = 0
@@ -95,6 +101,7 @@ class SoakReport:
             "steady_delay_p95_ms_max": max(self.steady_delay_p95_ms, default=None),
             "steady_av_p50_ms_max": max(self.steady_av_p50_ms, default=None),
             "steady_av_p95_ms_max": max(self.steady_av_p95_ms, default=None),
+            "steady_repeated_pct": self.steady_repeated_pct,
             "transient_fps_median": {k: round(float(np.median(v)), 2)
                                      for k, v in self.transient_fps.items()},
             "transient_failures": self.transient_failures[:5],
@@ -217,11 +224,13 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
         await _settled(url, 1)
         report.start = usage_by_kind(url, pid)
         measured_from = time.monotonic()
+        seen: list[dict[str, Any]] = []  # the long session's stats after each cycle
         while time.monotonic() - measured_from < seconds:
             await cycle(3 + report.cycles)
             report.cycles += 1
             sessions = (await asyncio.to_thread(_get, f"{url}/sessions"))["sessions"]
             longest = min(sessions, key=lambda s: s["created"])["stats"]
+            seen.append(longest)
             if longest["pipeline_delay_ms"]["p95"] is not None:
                 report.steady_delay_p50_ms.append(longest["pipeline_delay_ms"]["p50"])
                 report.steady_delay_p95_ms.append(longest["pipeline_delay_ms"]["p95"])
@@ -231,6 +240,10 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
             report.trace.append({"t": round(time.monotonic() - measured_from, 1),
                                  **{k: vars(u) for k, u in total.items()}})
         measured_to = time.monotonic()
+        if len(seen) > 1 and seen[-1]["frames_sent"] > seen[0]["frames_sent"]:
+            report.steady_repeated_pct = round(100 * (
+                seen[-1]["frames_repeated"] - seen[0]["frames_repeated"]) / (
+                seen[-1]["frames_sent"] - seen[0]["frames_sent"]), 1)
         await _settled(url, 1)
         await asyncio.sleep(2.0)  # closed sessions' last callbacks
         report.end = usage_by_kind(url, pid)
@@ -239,14 +252,39 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
     return report
 
 
+#: A process that keeps ``share`` of one core busy, in 10 ms slots.
+_SPIN = """import sys, time
+share = float(sys.argv[1])
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.01 * share:
+        pass
+    time.sleep(0.01 * (1 - share))
+"""
+
+
+@contextlib.contextmanager
+def busy_neighbours(shares: list[float]) -> Iterator[None]:
+    """Processes spinning beside the server, as other tenants of a shared machine do."""
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(s)]) for s in shares]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--busy", type=float, nargs="*", default=[],
+                        help="share of a core each of these neighbour processes spins")
     parser.add_argument("server_args", nargs="*", help="extra server arguments after --")
     args = parser.parse_args()
     pin_host_addresses(["127.0.0.1"])
-    with started_server(["--set", "session.peer_timeout_s=3", *args.server_args]) as (url,
-                                                                                     server):
+    with started_server(["--set", "session.peer_timeout_s=3", *args.server_args]) as (
+            url, server), busy_neighbours(args.busy):
         report = asyncio.run(soak(url, server.pid, conversation(48000).astype(np.int16),
                                   60.0 * args.minutes))
     for row in report.trace[:: max(1, len(report.trace) // 30)]:
