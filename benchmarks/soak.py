@@ -8,7 +8,7 @@ Bad networks are made at the client's sockets (``server.client.Impairment``): th
 machines have no netem. Everything is sent to 127.0.0.1, bounded in count and time.
 
     python -m benchmarks.soak --minutes 30     # BENCHMARKS.md; tests/test_soak.py: 1 minute
-    python -m benchmarks.soak --minutes 0.33 --busy 0.35 0.35   # with a noisy neighbour
+    python -m benchmarks.soak --minutes 0.67 --busy 0.35 0.35   # with busy neighbours
 """
 
 from __future__ import annotations
