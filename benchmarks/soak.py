@@ -224,13 +224,13 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
         await _settled(url, 1)
         report.start = usage_by_kind(url, pid)
         measured_from = time.monotonic()
-        seen: list[dict[str, Any]] = []  # the long session's stats after each cycle
+        first: dict[str, Any] | None = None  # the long session's stats after a cycle
         while time.monotonic() - measured_from < seconds:
             await cycle(3 + report.cycles)
             report.cycles += 1
             sessions = (await asyncio.to_thread(_get, f"{url}/sessions"))["sessions"]
             longest = min(sessions, key=lambda s: s["created"])["stats"]
-            seen.append(longest)
+            first = first or longest
             if longest["pipeline_delay_ms"]["p95"] is not None:
                 report.steady_delay_p50_ms.append(longest["pipeline_delay_ms"]["p50"])
                 report.steady_delay_p95_ms.append(longest["pipeline_delay_ms"]["p95"])
@@ -240,10 +240,10 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
             report.trace.append({"t": round(time.monotonic() - measured_from, 1),
                                  **{k: vars(u) for k, u in total.items()}})
         measured_to = time.monotonic()
-        if len(seen) > 1 and seen[-1]["frames_sent"] > seen[0]["frames_sent"]:
+        if first is not None and longest["frames_sent"] > first["frames_sent"]:
             report.steady_repeated_pct = round(100 * (
-                seen[-1]["frames_repeated"] - seen[0]["frames_repeated"]) / (
-                seen[-1]["frames_sent"] - seen[0]["frames_sent"]), 1)
+                longest["frames_repeated"] - first["frames_repeated"]) / (
+                longest["frames_sent"] - first["frames_sent"]), 1)
         await _settled(url, 1)
         await asyncio.sleep(2.0)  # closed sessions' last callbacks
         report.end = usage_by_kind(url, pid)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole server on a GPU host, end to end, in one command (issue 8; BENCHMARKS.md):
 # where aiortc and PyAV do not import, installs the wheelhouse parts found in .wheelhouse
-# (scripts/gpu_wheelhouse.py builds them, as the README's GPU section says); then runs the load generator once per SIZExSESSIONS argument ("motion" for
+# (scripts/gpu_wheelhouse.py builds them, as the README's GPU section says); then runs
+# the load generator once per SIZExSESSIONS argument ("motion" for
 # motion-only sessions at 256), with the server on the first three quarters of the
 # cores and its peers on the rest. Each run's JSON line goes to stdout and to
 # ${OUT:-.}/gpu_bench.jsonl.

@@ -68,17 +68,21 @@ class MediaClock:
         """When frame ``i`` must be rendered by to be shown at all (``grace``)."""
         return self.video_send_time(i) + self.grace
 
+    def _periods_sent(self, t: float, period: float) -> float:
+        """Periods of the outbound timeline elapsed by ``t``."""
+        return (t - self.origin - self.delay) / period
+
     def video_index_due(self, t: float) -> int:
         """The newest frame whose send time has come by ``t`` (0 before the first)."""
-        return max(0, math.floor((t - self.origin - self.delay) * self.fps + 1e-6))
+        return max(0, math.floor(self._periods_sent(t, self.frame_seconds) + 1e-6))
 
     def chunk_index_due(self, t: float) -> int:
         """The newest audio chunk whose send time has come by ``t`` (0 before the first)."""
-        return max(0, math.floor((t - self.origin - self.delay) / self.chunk_seconds + 1e-6))
+        return max(0, math.floor(self._periods_sent(t, self.chunk_seconds) + 1e-6))
 
     def chunk_index_at(self, t: float) -> int:
         """The first audio chunk whose send time has not passed by ``t``."""
-        return max(0, math.ceil((t - self.origin - self.delay) / self.chunk_seconds))
+        return max(0, math.ceil(self._periods_sent(t, self.chunk_seconds)))
 
     def video_pts(self, i: int) -> int:
         return i * VIDEO_RATE // self.fps
