@@ -199,14 +199,23 @@ class SharedVideo:
         self._retargeted = float("-inf")  # when the rate last changed (monotonic)
         self._keyframe = False
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def attach(self) -> asyncio.Queue[av.Packet | None]:
         queue: asyncio.Queue[av.Packet | None] = asyncio.Queue(VIEWER_BACKLOG + 1)
-        self._queues[queue] = False
-        self._keyframe = True
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return queue
+
+    def start(self, queue: asyncio.Queue[av.Packet | None]) -> None:
+        """The viewer's sender reads ``queue`` from now (its transport is up): it gets the
+        packets from the next frame on, a key frame made for it. Packets queued while the
+        handshake ran would reach it in a burst, as old as the handshake took."""
+        if self._closed:
+            queue.put_nowait(None)
+            return
+        self._queues[queue] = False
+        self._keyframe = True
 
     def detach(self, queue: asyncio.Queue[av.Packet | None]) -> None:
         self._queues.pop(queue, None)
@@ -241,6 +250,7 @@ class SharedVideo:
 
     def close(self) -> None:
         """Viewers' streams end, and the encoder goes now, not at a later collection."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
         for queue in self._queues:
@@ -291,6 +301,7 @@ class SharedVideoTrack(MediaStreamTrack):
         super().__init__()
         self._video = video
         self._queue = video.attach()
+        self._reading = False
 
     def request_keyframe(self) -> None:
         """For this viewer's sender, when its viewer reports a lost picture (PLI, FIR)."""
@@ -303,6 +314,9 @@ class SharedVideoTrack(MediaStreamTrack):
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
+        if not self._reading:
+            self._reading = True
+            self._video.start(self._queue)
         packet = await self._queue.get()
         if packet is None:
             self.stop()

@@ -162,3 +162,22 @@ async def test_a_frame_late_by_less_than_the_grace_leaves_late_and_a_later_one_i
     assert source.sent == [(0, 0), (1, 1), (2, 1), (3, 3)]
     assert 0.004 <= source.sent_at[1] <= 0.012 and 0.013 <= source.sent_at[2] <= 0.025
     assert source.sent_at[0] < 0.004 and source.sent_at[3] < 0.004
+
+
+async def test_a_viewer_whose_transport_comes_up_late_starts_at_a_fresh_key_frame() -> None:
+    """Frames paced while the viewer's handshake runs are not queued for it: they would
+    reach it in a burst, as old as the handshake took."""
+    from server.tracks import SharedVideo, SharedVideoTrack
+
+    source = Source()
+    source.ready = set(range(100))
+    video = SharedVideo(source, speed=12)
+    track = SharedVideoTrack(video)
+    await asyncio.sleep(0.3)  # the handshake: seven frame times paced meanwhile
+    reading_from = source.clock.video_index_due(asyncio.get_running_loop().time())
+    first = await asyncio.wait_for(track.recv(), 0.2)
+    second = await track.recv()
+    video.close()
+    assert first.pts > source.clock.video_pts(reading_from)
+    assert not bytes(first)[0] & 0x01  # VP8: a key frame
+    assert second.pts - first.pts == source.clock.video_pts(1) - source.clock.video_pts(0)
