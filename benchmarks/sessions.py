@@ -45,8 +45,11 @@ import numpy as np
 from inference.tts import conversation, write_wav
 from server.client import EncodedSpeech, run_session
 from server.config import REPO_ROOT
-from server.load import process_cpu_seconds
+from server.load import CLOCK_TICKS, process_cpu_seconds
 from server.peer import pin_host_addresses
+
+#: Per-session counters in /sessions, taken over the measuring window.
+COUNTERS = ("frames_sent", "frames_repeated", "frames_skipped")
 
 
 def _processes(url: str, pid: int) -> dict[str, list[int]]:
@@ -77,6 +80,17 @@ def _gpu_utilisation() -> float | None:
     out = subprocess.run(query, capture_output=True, text=True)
     values = [float(v) for v in out.stdout.split() if v.strip()]
     return float(np.mean(values)) if values else None
+
+
+def _host_ticks() -> np.ndarray:
+    """The whole machine's CPU time so far, from /proc/stat's ``cpu`` line, in ticks: busy
+    (user, nice, system, irq, softirq), idle, iowait, steal. Steal is time the hypervisor
+    ran someone else on these cores: on a shared VM it shows why a server can be slow
+    while its own processes look idle."""
+    with open("/proc/stat") as stat:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(
+            int, stat.readline().split()[1:9])
+    return np.array([user + nice + system + irq + softirq, idle, iowait, steal], np.float64)
 
 
 def _cpus(spec: str) -> set[int]:
@@ -114,11 +128,12 @@ def _free_port() -> int:
 
 
 async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
-                   motion_only: bool = False, counting: bool = False) -> list[dict[str, Any]]:
+                   motion_only: bool = False, packets: list[bytes] | None = None
+                   ) -> list[dict[str, Any]]:
     """``sessions`` peers in this process; each one's received fps (of video frames, or of
-    coefficient messages when ``motion_only``), or why it was refused. ``counting`` peers
-    send speech encoded once and count what they receive without decoding it."""
-    packets = EncodedSpeech.encode_wav(wav) if counting else None
+    coefficient messages when ``motion_only``) with the times they arrived, or why it was
+    refused. Given ``packets`` (the speech encoded once), the peers send those and count
+    what they receive without decoding it."""
 
     async def one(delay: float) -> dict[str, Any]:
         await asyncio.sleep(delay)
@@ -126,67 +141,117 @@ async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
             received = await run_session(url, wav, seconds=seconds, keep=False,
                                          options={"size": size, "motion_only": motion_only},
                                          audio=EncodedSpeech(packets) if packets else None,
-                                         count_only=counting)
+                                         count_only=packets is not None)
         except RuntimeError as exc:
             return {"refused": str(exc)[:200]}
         if motion_only:
-            return {"session_id": received.session_id, "fps": received.motion_fps(),
-                    "frames": len(received.coefficients)}
-        return {"session_id": received.session_id, "fps": received.video_fps(),
-                "frames": len(received.video.pts)}
+            fps, arrivals = received.motion_fps(), received.coefficient_arrivals
+        else:
+            fps, arrivals = received.video_fps(), received.video.arrivals
+        return {"session_id": received.session_id, "fps": fps,
+                "arrivals": [round(t, 4) for t in arrivals]}
 
     # Offers spread over the first second, as real callers would arrive.
     return list(await asyncio.gather(*(one(i / max(1, sessions)) for i in range(sessions))))
 
 
-async def _client_process(url: str, wav: Path, sessions: int, size: int,
-                          seconds: float, motion_only: bool) -> list[dict[str, Any]]:
+async def _client_process(url: str, wav: Path, sessions: int, size: int, seconds: float,
+                          motion_only: bool) -> asyncio.subprocess.Process:
+    """A process of counting peers, started and ready (imports done, speech encoded): its
+    peers offer once it reads ``go`` (``_client_results``). Starting dozens of processes on
+    a few cores takes tens of seconds, so the peers must not start as each process does."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.sessions", "--client-of", url, str(wav),
         str(sessions), str(size), str(seconds), str(int(motion_only)), cwd=REPO_ROOT,
-        stdout=subprocess.PIPE)
-    out, _ = await proc.communicate()
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    if (await proc.stdout.readline()).strip() != b"ready":
+        raise RuntimeError("a client process failed to start")
+    return proc
+
+
+async def _client_results(proc: asyncio.subprocess.Process) -> list[dict[str, Any]]:
+    out, _ = await proc.communicate(b"go\n")
     return list(json.loads(out.decode().strip().splitlines()[-1]))
+
+
+def _window_fps(arrivals: list[float], t0: float, t1: float) -> float:
+    """Frames received per second between ``t0`` and ``t1`` (monotonic clock: one for all
+    processes of the machine)."""
+    return sum(t0 <= t < t1 for t in arrivals) / (t1 - t0)
 
 
 async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                    size: int, client_processes: int, decoded: int,
                    motion_only: bool) -> dict[str, Any]:
-    snapshot: list[dict[str, Any]] = []
     health: dict[str, Any] = {}
     kinds = await asyncio.to_thread(_processes, url, pid)
     before = await asyncio.to_thread(_metric_sums, url)
     gpu: list[float] = []
+    gone: set[str] = set()
+    host: list[float] = []  # cores busy, idle, in iowait, stolen (the whole machine)
 
-    async def monitor() -> tuple[float, dict[str, float]]:
-        await asyncio.sleep(4.0)  # connected and steady
+    async def healthz() -> dict[str, Any]:
+        return dict(await asyncio.to_thread(_get, f"{url}/healthz"))
+
+    async def sessions_now() -> dict[str, dict[str, Any]]:
+        listed = await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"])
+        return {s["session_id"]: s["stats"] for s in listed}
+
+    async def monitor(go: float) -> tuple[float, float, dict[str, float]]:
+        """Waits until every offer is answered (the server's count of sessions stops
+        growing), then measures until just before the first session ends: the steady
+        state, not the connections' start."""
+        await asyncio.sleep(3.0)
+        last, since = -1, time.monotonic()
+        while time.monotonic() - go < seconds / 2:
+            now = await healthz()
+            live = now.get("sessions", 0) + now.get("motion_sessions", 0)
+            if live != last:
+                last, since = live, time.monotonic()
+            elif live and time.monotonic() - since >= 1.0:
+                break
+            await asyncio.sleep(0.25)
+        at_start.update(await sessions_now())
         t0 = time.monotonic()
         c0 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
-        while time.monotonic() - t0 < seconds - 6.0:
+        h0 = _host_ticks()
+        while time.monotonic() < go + seconds - 1.5:
             util = await asyncio.to_thread(_gpu_utilisation)
             if util is not None:
                 gpu.append(util)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, max(0.0, go + seconds - 1.5 - time.monotonic())))
         t1 = time.monotonic()
         c1 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
-        snapshot.extend(await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"]))
-        health.update(await asyncio.to_thread(_get, f"{url}/healthz"))
-        return t1 - t0, {k: (c1[k] - c0[k]) / (t1 - t0) for k in kinds}
+        host.extend((_host_ticks() - h0) / CLOCK_TICKS / (t1 - t0))
+        # A process replaced meanwhile reads 0 at the end: its CPU is unknown, not negative.
+        gone.update(k for k, pids in kinds.items()
+                    if any(process_cpu_seconds(p) == 0.0 for p in pids))
+        at_end.update(await sessions_now())
+        health.update(await healthz())
+        return t0, t1, {k: (c1[k] - c0[k]) / (t1 - t0) for k in kinds}
 
+    at_start: dict[str, dict[str, Any]] = {}
+    at_end: dict[str, dict[str, Any]] = {}
     decoded = min(decoded, sessions)
     rest = sessions - decoded
     shares = [len(part) for part in np.array_split(np.arange(rest), client_processes)
               if len(part)]
-    started = time.monotonic()
+    procs = await asyncio.gather(*(_client_process(url, wav, n, size, seconds, motion_only)
+                                   for n in shares))
+    go = time.monotonic()
     clients_before = _client_cpu()
-    (wall, cpu), local, *remote = await asyncio.gather(
-        monitor(), _clients(url, str(wav), decoded, size, seconds, motion_only),
-        *(_client_process(url, wav, n, size, seconds, motion_only) for n in shares))
+    (t0, t1, cpu), local, *remote = await asyncio.gather(
+        monitor(go), _clients(url, str(wav), decoded, size, seconds, motion_only),
+        *(_client_results(proc) for proc in procs))
     results = local + [r for chunk in remote for r in chunk]
-    client_cores = (_client_cpu() - clients_before) / (time.monotonic() - started)
+    client_cores = (_client_cpu() - clients_before) / (time.monotonic() - go)
     after = await asyncio.to_thread(_metric_sums, url)
-    stats = [s["stats"] for s in snapshot]
-    fps = [r["fps"] for r in results if "fps" in r]
+    # Each session's counters over the window; its percentiles over its last 500 frames.
+    stats = [{**at_end[k], **{n: at_end[k][n] - at_start[k][n] for n in COUNTERS}}
+             for k in at_end.keys() & at_start.keys()]
+    fps = [_window_fps(r["arrivals"], t0, t1) for r in results if "fps" in r]
+    fps_whole = [r["fps"] for r in results if "fps" in r]
 
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -215,17 +280,22 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "fps_min": round(min(fps), 2) if fps else None,
         "fps_median": round(float(np.median(fps)), 2) if fps else None,
         "fps_below_24": sum(f < 24 for f in fps),
+        # Over each whole session, its connection included.
+        "fps_min_whole": round(min(fps_whole), 2) if fps_whole else None,
+        "window_s": round(t1 - t0, 1),
         "repeated_%": round(100 * repeated / sent, 2) if sent else None,
         "skipped_%": round(100 * skipped / sent, 2) if sent else None,
         "pipeline_delay_ms_p50": median("pipeline_delay_ms", "p50"),
         "pipeline_delay_ms_p95_median": median("pipeline_delay_ms", "p95"),
         "pipeline_delay_ms_p95_worst": worst("pipeline_delay_ms", "p95"),
         "av_offset_ms_p95_worst": worst("av_offset_ms", "p95"),
-        "server_cpu_cores": round(total_cpu, 2),
-        "cpu_per_session": round(total_cpu / served, 3) if served else None,
+        "server_cpu_cores": None if gone else round(total_cpu, 2),
+        "cpu_per_session": round(total_cpu / served, 3) if served and not gone else None,
         "cpu_by_process": {k: round(v, 2) for k, v in cpu.items()},
         # The peers' own CPU, over their whole run: what the server did not have.
         "client_cpu_cores": round(client_cores, 2),
+        "host_cores": dict(zip(("busy", "idle", "iowait", "steal"),
+                               (round(v, 2) for v in host), strict=True)),
         "gpu_util_%": round(float(np.mean(gpu)), 1) if gpu else None,
         # The workers' event loops at the end (share of their thread's time), and the
         # rate the sessions' video was encoded at (what their viewers' REMB allowed).
@@ -238,17 +308,23 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                             and delta(k)},
         "admissions": {k.split("/", 1)[1]: delta(k) for k in after
                        if k.startswith("sonic_admissions_total/") and delta(k)},
+        "restarts": {kind: delta(f"sonic_{kind}_restarts_total")
+                     for kind in ("worker", "inference")
+                     if delta(f"sonic_{kind}_restarts_total")},
+        # Kinds of process that died while the CPU was measured: their figures are not.
+        "cpu_unmeasured": sorted(gone),
     }
 
 
 @contextlib.contextmanager
-def started_server(args: list[str], cpus: set[int] | None = None
+def started_server(args: list[str], cpus: set[int] | None = None, log_to: Path | None = None
                    ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``python -m server`` on a free loopback port (on ``cpus``, if given), ready to
-    serve: its URL and process. Stopped on leaving."""
+    serve: its URL and process. Stopped on leaving. Its output goes to ``log_to`` if given
+    (kept), else to a temporary file."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    log = tempfile.TemporaryFile()
+    log = open(log_to, "w+b") if log_to else tempfile.TemporaryFile()  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", str(port), "--ice-host", "127.0.0.1",
          *args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -269,15 +345,21 @@ def started_server(args: list[str], cpus: set[int] | None = None
     finally:
         server.terminate()
         server.wait(30)
+        log.close()
 
 
 def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
               client_processes: int, decoded: int, motion_only: bool = False,
-              server_cpus: set[int] | None = None) -> dict[str, Any]:
+              server_cpus: set[int] | None = None, logs: Path | None = None
+              ) -> dict[str, Any]:
+    log = None
+    if logs:
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"server-{'motion' if motion_only else size}x{sessions}.log"
     with started_server(["--set", f"video.size={size}",
                          "--set", f"session.max_sessions={max(sessions, 4)}",
                          "--set", f"session.max_motion_sessions={max(sessions, 4)}", *extra],
-                        server_cpus) as (url, server):
+                        server_cpus, log) as (url, server):
         return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size,
                                     client_processes, decoded, motion_only))
 
@@ -301,6 +383,8 @@ def main() -> None:
     parser.add_argument("--client-cpus", type=_cpus, metavar="LIST",
                         help="cores the peers run on, e.g. 16-31: on a larger machine, the "
                              "server measured as if its peers were elsewhere")
+    parser.add_argument("--server-logs", type=Path, metavar="DIR",
+                        help="keep each run's server output here")
     parser.add_argument("--client-of", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs="*", help="extra server arguments after --")
     args = parser.parse_args()
@@ -309,8 +393,11 @@ def main() -> None:
         os.sched_setaffinity(0, args.client_cpus)  # the client processes inherit it
     if args.client_of:  # one of the client processes of a run
         url, wav, n, size, seconds, motion = args.client_of
+        packets = EncodedSpeech.encode_wav(wav)
+        print("ready", flush=True)
+        sys.stdin.readline()  # go
         print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds),
-                                              motion == "1", counting=True))))
+                                              motion == "1", packets))))
         return
     with tempfile.TemporaryDirectory() as tmp:
         if args.wav is not None:
@@ -330,12 +417,12 @@ def main() -> None:
             processes = args.client_processes or math.ceil(n / 8)
             row = run_point(n, args.size, args.seconds, wav, args.server_args, processes,
                             0 if args.motion_only else args.decoded, args.motion_only,
-                            args.server_cpus)
+                            args.server_cpus, args.server_logs)
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"{n:>8} {args.size:>5} {row['fps_min']!s:>8} {row['fps_median']!s:>8} "
-                      f"{row['server_cpu_cores']:>6} {row['pipeline_delay_ms_p50']!s:>10} "
+                      f"{row['server_cpu_cores']!s:>6} {row['pipeline_delay_ms_p50']!s:>10} "
                       f"{row['pipeline_delay_ms_p95_worst']!s:>10} "
                       f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
                 print("  ", json.dumps({k: row[k] for k in (

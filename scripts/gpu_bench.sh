@@ -4,8 +4,8 @@
 # (scripts/gpu_wheelhouse.py builds them, as the README's GPU section says); then runs
 # the load generator once per SIZExSESSIONS argument ("motion" for
 # motion-only sessions at 256), with the server on the first three quarters of the
-# cores and its peers on the rest. Each run's JSON line goes to stdout and to
-# ${OUT:-.}/gpu_bench.jsonl.
+# cores (SERVER_CORES of them, if set) and its peers on the rest. Each run's JSON line goes
+# to stdout and to ${OUT:-.}/gpu_bench.jsonl, its server's output to ${OUT:-.}/logs.
 #
 #   bash scripts/gpu_bench.sh 512x64 256x128 motionx256
 #
@@ -20,7 +20,7 @@ if ! python3 -c "import aiortc, av" 2> /dev/null; then
     export PYTHONPATH="$PWD/.sonic-site:$PWD"
 fi
 cores=$(nproc)
-server_last=$(( cores * 3 / 4 - 1 ))
+server_last=$(( ${SERVER_CORES:-$(( cores * 3 / 4 ))} - 1 ))
 wav=${WAV:-.gpudata/speech.wav}
 out=${OUT:-.}/gpu_bench.jsonl
 settings=(--runtime "${RUNTIME:-torch-cuda}" --set session.max_sessions=1024
@@ -31,6 +31,7 @@ for run in "$@"; do
     if [[ $kind == motion ]]; then size=(--size 256 --motion-only); else size=(--size "$kind"); fi
     python3 -m benchmarks.sessions --wav "$wav" --sessions "$sessions" "${size[@]}" \
         --seconds "${SECONDS_PER_RUN:-20}" --json --server-cpus "0-$server_last" \
+        --server-logs "${OUT:-.}/logs" \
         --client-cpus "$(( server_last + 1 ))-$(( cores - 1 ))" -- "${settings[@]}" \
         | tail -n 1 | tee -a "$out"
 done
