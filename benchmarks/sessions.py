@@ -283,6 +283,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         # Over each whole session, its connection included.
         "fps_min_whole": round(min(fps_whole), 2) if fps_whole else None,
         "window_s": round(t1 - t0, 1),
+        "sessions_measured": len(stats),  # live on the server when the window opened
         "repeated_%": round(100 * repeated / sent, 2) if sent else None,
         "skipped_%": round(100 * skipped / sent, 2) if sent else None,
         "pipeline_delay_ms_p50": median("pipeline_delay_ms", "p50"),

@@ -1,0 +1,24 @@
+"""The load generator (``benchmarks.sessions``) reports the steady state of every session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(speech_wav):
+    """Peers in other processes start together with the local one (client processes take
+    seconds to start), the window opens only once every session is live on the server, and
+    fps and the server's counters are taken over that window."""
+    from benchmarks.sessions import run_point
+
+    row = run_point(3, 256, 12.0, speech_wav, [], client_processes=2, decoded=1)
+    assert row["served"] == 3 and row["refused"] == 0
+    assert row["sessions_measured"] == 3
+    assert 4.0 <= row["window_s"] <= 12.0
+    assert row["fps_min"] >= 20.0 and row["fps_median"] <= 26.0
+    assert row["repeated_%"] is not None and row["server_cpu_cores"] > 0
+    # The machine's cores, every tick of the window accounted for.
+    assert sum(row["host_cores"].values()) == pytest.approx(os.cpu_count(), abs=0.3)
+    assert row["cpu_unmeasured"] == [] and row["restarts"] == {}
