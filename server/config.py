@@ -126,6 +126,15 @@ class VideoSettings:
                          choices=("VP8", "H264"))
     encoder_speed: int = setting(12, "VP8 encoder speed (libvpx cpu-used): higher costs less "
                                  "CPU per frame and looks a little coarser", low=0, high=16)
+    max_bitrate_kbps: int = setting(
+        1000, "most kbit/s a 256x256 stream is sent at, whatever its viewers could take "
+        "(other sizes scale with their pixel count, within aiortc's 1500): above it a "
+        "rendered face looks no better, and each viewer's bits are egress paid for",
+        low=100, high=20000)
+
+    def max_bitrate(self, size: int) -> int:
+        """The most bit/s a ``size`` x ``size`` stream is sent at."""
+        return self.max_bitrate_kbps * 1000 * size * size // (256 * 256)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 import av
 import numpy as np
 from aiortc import RTCDataChannel
+from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamTrack
 
 from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manifest
@@ -97,7 +98,7 @@ class Session:
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
                  hosted: bool = False, published: bool = False, owner: str | None = None,
                  name: str | None = None, token: str | None = None,
-                 encoder_speed: int = 12,
+                 encoder_speed: int = 12, max_bitrate: int = vpx.MAX_BITRATE,
                  grid_phase: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
@@ -161,6 +162,7 @@ class Session:
         self.room: Callable[[], dict[str, Any]] | None = None
         self._video: SharedVideo | None = None
         self._encoder_speed = encoder_speed
+        self._max_bitrate = max_bitrate
         self._coefficients_sent = -1
         self._motion_started = False
         self._connected_at: float | None = None
@@ -205,7 +207,7 @@ class Session:
         With ``shared`` (a VP8 viewer) its video is the session's one encoding; else it is
         encoded for this viewer alone."""
         if shared and self._video is None:
-            self._video = SharedVideo(self, self._encoder_speed,
+            self._video = SharedVideo(self, self._encoder_speed, self._max_bitrate,
                                       self._metrics.frames_encoded.inc)
         video = SharedVideoTrack(self._video) if self._video is not None and shared \
             else SessionVideoTrack(self)

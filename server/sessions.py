@@ -157,6 +157,7 @@ class SessionManager:
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
                           published=published, owner=owner, name=name, token=token,
                           encoder_speed=self.settings.video.encoder_speed,
+                          max_bitrate=self.settings.video.max_bitrate(size),
                           grid_phase=self._quietest_phase(size, motion_only))
         self._sessions[session.id] = session
         self._peers[session.id] = {}

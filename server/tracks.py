@@ -186,13 +186,15 @@ class SharedVideo:
 
     One encoding has one rate: the lowest that any viewer's receiver estimates it can
     take (REMB), so that no viewer is sent more than its path carries; aiortc's default
-    until a viewer says. (Viewers on poorer paths holding back the rest is the price of
-    encoding once; simulcast layers would lift it.)"""
+    until a viewer says, and never above ``max_bitrate``. (Viewers on poorer paths holding
+    back the rest is the price of encoding once; simulcast layers would lift it.)"""
 
-    def __init__(self, source: VideoSource, speed: int,
+    def __init__(self, source: VideoSource, speed: int, max_bitrate: int = vpx.MAX_BITRATE,
                  on_encoded: Callable[[], None] = lambda: None) -> None:
         self._source = source
         self._encoder = RealtimeVp8Encoder(speed)
+        self._max_bitrate = max_bitrate
+        self._encoder.target_bitrate = min(self._encoder.target_bitrate, max_bitrate)
         self._on_encoded = on_encoded
         self._queues: dict[asyncio.Queue[av.Packet | None], bool] = {}  # -> has a key frame
         self._rates: dict[asyncio.Queue[av.Packet | None], int] = {}  # -> estimate, bit/s
@@ -240,7 +242,8 @@ class SharedVideo:
         """A new rate re-opens the encoder (a key frame for everyone): follow a fall at
         once, a rise only once it is 10% and the last change 5 s old, so that estimates
         wandering as they ramp do not re-open it every second."""
-        target = min(self._rates.values(), default=vpx.DEFAULT_BITRATE)
+        target = min(min(self._rates.values(), default=vpx.DEFAULT_BITRATE),
+                     self._max_bitrate)
         current = self._encoder.target_bitrate
         now = time.monotonic()
         if target <= 0.9 * current or (target >= 1.1 * current

@@ -181,3 +181,20 @@ async def test_a_viewer_whose_transport_comes_up_late_starts_at_a_fresh_key_fram
     assert first.pts > source.clock.video_pts(reading_from)
     assert not bytes(first)[0] & 0x01  # VP8: a key frame
     assert second.pts - first.pts == source.clock.video_pts(1) - source.clock.video_pts(0)
+
+
+async def test_a_viewer_that_could_take_more_is_sent_no_more_than_the_cap() -> None:
+    """``video.max_bitrate_kbps``: a rendered face looks no better above it; a viewer
+    that can take less still gets less."""
+    from server.tracks import SharedVideo, SharedVideoTrack
+
+    source = Source()
+    source.ready = set(range(100))
+    video = SharedVideo(source, speed=12, max_bitrate=600_000)
+    track = SharedVideoTrack(video)
+    await asyncio.wait_for(track.recv(), 0.5)
+    track.limit_bitrate(1_400_000)
+    capped = video.bitrate
+    track.limit_bitrate(300_000)
+    video.close()
+    assert capped == 600_000 and video.bitrate == 300_000
