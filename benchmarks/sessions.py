@@ -3,9 +3,12 @@
 For each session count it starts a fresh server (the front door with its media workers
 and inference process, unless told otherwise after ``--``), streams speech from N peers
 at once for ``--seconds``, and reports what the peers received (fps) and what the server
-measured per session (repeated frames, pipeline delay, A/V offset), with the server's CPU
-by process (front door, workers, inference), the GPU's utilisation where ``nvidia-smi``
-exists, the engine's mean batch size and the admission decisions.
+measured per session (repeated frames, pipeline delay and A/V offset p50/p95/p99), in all
+and for each session, with the server's CPU by process (front door, workers, inference),
+the whole machine's busy, idle and stolen cores, the GPU's utilisation where
+``nvidia-smi`` exists, the engine's mean batch size and the admission decisions. All of it
+is taken in the steady state: from when every offer has been answered until just before
+the first session ends.
 
 The peers must not be the bottleneck on a machine they share with the server: they run in
 ``--client-processes`` processes, and all but ``--decoded`` of them are counting peers:
@@ -175,6 +178,16 @@ async def _client_results(proc: asyncio.subprocess.Process) -> list[dict[str, An
     return list(json.loads(out.decode().strip().splitlines()[-1]))
 
 
+def _session_row(stats: dict[str, Any], fps: float | None) -> dict[str, Any]:
+    sent = stats["frames_sent"] + stats["frames_skipped"]
+    repeated = stats["frames_repeated"] + stats["frames_skipped"]
+    return {"session_id": stats["session_id"],
+            "fps": None if fps is None else round(fps, 2),
+            "repeated_%": round(100 * repeated / sent, 2) if sent else None,
+            "pipeline_delay_ms": stats["pipeline_delay_ms"],
+            "av_offset_ms": stats["av_offset_ms"]}
+
+
 def _window_fps(arrivals: list[float], t0: float, t1: float) -> float:
     """Frames received per second between ``t0`` and ``t1`` (monotonic clock: one for all
     processes of the machine)."""
@@ -248,10 +261,12 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     client_cores = (_client_cpu() - clients_before) / (time.monotonic() - go)
     after = await asyncio.to_thread(_metric_sums, url)
     # Each session's counters over the window; its percentiles over its last 500 frames.
-    stats = [{**at_end[k], **{n: at_end[k][n] - at_start[k][n] for n in COUNTERS}}
-             for k in at_end.keys() & at_start.keys()]
+    stats = [{**at_end[k], **{n: at_end[k][n] - at_start[k][n] for n in COUNTERS},
+              "session_id": k} for k in sorted(at_end.keys() & at_start.keys())]
     fps = [_window_fps(r["arrivals"], t0, t1) for r in results if "fps" in r]
     fps_whole = [r["fps"] for r in results if "fps" in r]
+    fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], t0, t1)
+                 for r in results if "fps" in r}
 
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -289,6 +304,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "pipeline_delay_ms_p50": median("pipeline_delay_ms", "p50"),
         "pipeline_delay_ms_p95_median": median("pipeline_delay_ms", "p95"),
         "pipeline_delay_ms_p95_worst": worst("pipeline_delay_ms", "p95"),
+        "pipeline_delay_ms_p99_worst": worst("pipeline_delay_ms", "p99"),
         "av_offset_ms_p95_worst": worst("av_offset_ms", "p95"),
         "server_cpu_cores": None if gone else round(total_cpu, 2),
         "cpu_per_session": round(total_cpu / served, 3) if served and not gone else None,
@@ -309,6 +325,8 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                             and delta(k)},
         "admissions": {k.split("/", 1)[1]: delta(k) for k in after
                        if k.startswith("sonic_admissions_total/") and delta(k)},
+        # Each session measured: what its peer received and the server's figures for it.
+        "per_session": [_session_row(s, fps_by_id.get(s["session_id"])) for s in stats],
         "restarts": {kind: delta(f"sonic_{kind}_restarts_total")
                      for kind in ("worker", "inference")
                      if delta(f"sonic_{kind}_restarts_total")},

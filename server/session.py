@@ -88,8 +88,13 @@ class AvatarHandle:
     idle_frame: np.ndarray
 
 
-def _percentile(values: deque[float], q: float) -> float | None:
-    return float(np.percentile(np.fromiter(values, float), q)) if values else None
+def _percentiles_ms(values: deque[float]) -> dict[str, float | None]:
+    """p50, p95 and p99 of ``values`` (seconds) in milliseconds; None while empty."""
+    qs = (50, 95, 99)
+    if not values:
+        return {f"p{q}": None for q in qs}
+    found = np.percentile(np.fromiter(values, float), qs)
+    return {f"p{q}": round(1000 * float(v), 1) for q, v in zip(qs, found, strict=True)}
 
 
 class Session:
@@ -497,9 +502,6 @@ class Session:
         return (len(sent) - 1) / span, fresh / span
 
     def stats(self) -> dict[str, Any]:
-        def ms(value: float | None) -> float | None:
-            return None if value is None else round(1000 * value, 1)
-
         coefficients = None
         if self._coefficients is not None:
             coefficients = {name: round(float(v), 3) for name, v in
@@ -516,10 +518,9 @@ class Session:
             "frames_dropped": self.frames_dropped,
             # The shared encoding's rate: the lowest its viewers estimate they can take.
             "video_bitrate": self._video.bitrate if self._video is not None else None,
-            "pipeline_delay_ms": {"p50": ms(_percentile(self._pipeline_delays, 50)),
-                                  "p95": ms(_percentile(self._pipeline_delays, 95))},
-            "av_offset_ms": {"p50": ms(_percentile(self._av_offsets, 50)),
-                             "p95": ms(_percentile(self._av_offsets, 95))},
+            # Over the last 500 frames (20 s at 25 fps).
+            "pipeline_delay_ms": _percentiles_ms(self._pipeline_delays),
+            "av_offset_ms": _percentiles_ms(self._av_offsets),
             "audio": {"buffer_ms": round(1000 * self.ingest.level / AUDIO_RATE, 1),
                       "underruns": self.ingest.stats.underruns,
                       "dropped_ms": round(1000 * self.ingest.stats.dropped_samples

@@ -16,6 +16,9 @@ def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(s
     row = run_point(3, 256, 12.0, speech_wav, [], client_processes=2, decoded=1)
     assert row["served"] == 3 and row["refused"] == 0
     assert row["sessions_measured"] == 3
+    sessions = row["per_session"]
+    assert len(sessions) == 3 and all(s["fps"] >= 20.0 for s in sessions)
+    assert all(s["pipeline_delay_ms"]["p95"] <= s["pipeline_delay_ms"]["p99"] for s in sessions)
     assert 4.0 <= row["window_s"] <= 12.0
     assert row["fps_min"] >= 20.0 and row["fps_median"] <= 26.0
     assert row["repeated_%"] is not None and row["server_cpu_cores"] > 0

@@ -190,6 +190,8 @@ def test_a_counting_peer_sends_encoded_speech_and_counts_what_a_decoding_one_see
     steps = np.diff(received.video.pts)
     assert np.median(steps) == 3600 and (steps > 0).all()
     assert stats["audio"]["received_s"] > 4.0
+    delay = stats["pipeline_delay_ms"]  # what the load generator reports per session
+    assert 0 < delay["p50"] <= delay["p95"] <= delay["p99"]
     # Its bandwidth estimate went back: the encoding left aiortc's starting rate.
     from aiortc.codecs import vpx
     assert stats["video_bitrate"] > vpx.DEFAULT_BITRATE
