@@ -336,6 +336,9 @@ def timed_run(engine: Engine, batch: list[FrameInput], picture: bool = True) -> 
 HANG_FACTOR = 1.5
 #: A batch shape never timed (its first run allocates or compiles) is given this long.
 HANG_UNTIMED_S = 5.0
+#: Abandoned batches are logged at most this often, with how many there were since: under
+#: overload they come by the hundred a minute, and the count is in the metrics anyway.
+ABANDON_LOG_EVERY_S = 10.0
 
 
 @dataclass(eq=False)
@@ -388,6 +391,8 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
         self.exited = asyncio.Event()
+        self._abandoned_unlogged = 0
+        self._abandon_logged_at = float("-inf")
 
     @property
     def in_flight(self) -> int:
@@ -516,10 +521,15 @@ class Scheduler:
         if flight not in self._in_flight or flight.abandoned:
             return
         flight.abandoned = True
-        log.warning("engine batch of %d overran %.0f ms (expected %.0f ms); its frames are "
-                    "repeated", len(flight.requests),
-                    1000 * (flight.overdue_at - (flight.started or 0.0)),
-                    1000 * flight.expected)
+        self._abandoned_unlogged += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._abandon_logged_at >= ABANDON_LOG_EVERY_S:
+            log.warning("%d engine batch(es) abandoned past their frames' deadlines since "
+                        "the last report (the latest: %d frames, %.0f ms running, %.0f ms "
+                        "expected); their frames are repeated", self._abandoned_unlogged,
+                        len(flight.requests), 1000 * (now - (flight.started or now)),
+                        1000 * flight.expected)
+            self._abandoned_unlogged, self._abandon_logged_at = 0, now
         for request in flight.requests:
             self._finish_dropped(request, "hung")
 

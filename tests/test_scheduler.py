@@ -218,6 +218,24 @@ async def test_a_batch_that_overruns_is_abandoned_and_the_engine_serves_on_after
     assert scheduler.stalled_s() == 0.0 and drops == ["hung"]
 
 
+async def test_batches_abandoned_in_a_burst_are_logged_once_with_their_count(caplog) -> None:
+    """Under overload abandoned batches come by the hundred a minute: one line per report
+    interval, not one per batch (every one is still counted in the drops)."""
+    engine = FakeEngine(seconds=0.010)
+    scheduler, drops = await started(engine)
+    await scheduler.warm_up([frame(0)])
+    with caplog.at_level("WARNING", logger="inference.scheduler"):
+        for i in (1, 2):
+            engine.gate.clear()
+            assert await scheduler.submit(frame(i), soon(0.05)) is None
+            engine.gate.set()
+            await until(lambda: scheduler.in_flight == 0)
+    await scheduler.stop()
+    assert drops == ["hung", "hung"]
+    (record,) = [r for r in caplog.records if "abandoned" in r.getMessage()]
+    assert record.getMessage().startswith("1 engine batch(es) abandoned")
+
+
 async def test_a_session_ending_while_its_frame_waits_fails_no_one_else_in_the_batch() -> None:
     engine = FakeEngine()
     engine.gate.clear()
