@@ -367,6 +367,28 @@ def started_server(args: list[str], cpus: set[int] | None = None, log_to: Path |
         log.close()
 
 
+_SPIN = """import sys, time
+share = float(sys.argv[1])
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.01 * share:
+        pass
+    time.sleep(0.01 * (1 - share))
+"""
+
+
+@contextlib.contextmanager
+def busy_neighbours(shares: list[float]) -> Iterator[None]:
+    """Processes spinning beside the server, as other tenants of a shared machine do."""
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(s)]) for s in shares]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
 def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
               client_processes: int, decoded: int, motion_only: bool = False,
               server_cpus: set[int] | None = None, logs: Path | None = None
@@ -402,6 +424,9 @@ def main() -> None:
     parser.add_argument("--client-cpus", type=_cpus, metavar="LIST",
                         help="cores the peers run on, e.g. 16-31: on a larger machine, the "
                              "server measured as if its peers were elsewhere")
+    parser.add_argument("--busy", type=float, nargs="*", default=[],
+                        help="share of a core each of these neighbour processes spins "
+                             "beside the server, as on a shared machine")
     parser.add_argument("--server-logs", type=Path, metavar="DIR",
                         help="keep each run's server output here")
     parser.add_argument("--client-of", nargs=6, help=argparse.SUPPRESS)
@@ -434,9 +459,10 @@ def main() -> None:
                   f"{'delay p50':>10} {'delay p95':>10} {'A/V p95':>8} {'repeat %':>9}")
         for n in args.sessions:
             processes = args.client_processes or math.ceil(n / 8)
-            row = run_point(n, args.size, args.seconds, wav, args.server_args, processes,
-                            0 if args.motion_only else args.decoded, args.motion_only,
-                            args.server_cpus, args.server_logs)
+            with busy_neighbours(args.busy):
+                row = run_point(n, args.size, args.seconds, wav, args.server_args,
+                                processes, 0 if args.motion_only else args.decoded,
+                                args.motion_only, args.server_cpus, args.server_logs)
             if args.json:
                 print(json.dumps(row), flush=True)
             else:

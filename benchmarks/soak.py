@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +27,7 @@ import aiohttp
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from benchmarks.sessions import _get, _processes, started_server
+from benchmarks.sessions import _get, _processes, busy_neighbours, started_server
 from inference.tts import conversation
 from server.client import Impairment, PacedSpeech, run_session
 from server.peer import pin_host_addresses
@@ -253,28 +250,6 @@ async def soak(url: str, pid: int, pcm: np.ndarray, seconds: float) -> SoakRepor
 
 
 #: A process that keeps ``share`` of one core busy, in 10 ms slots.
-_SPIN = """import sys, time
-share = float(sys.argv[1])
-while True:
-    t = time.perf_counter()
-    while time.perf_counter() - t < 0.01 * share:
-        pass
-    time.sleep(0.01 * (1 - share))
-"""
-
-
-@contextlib.contextmanager
-def busy_neighbours(shares: list[float]) -> Iterator[None]:
-    """Processes spinning beside the server, as other tenants of a shared machine do."""
-    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(s)]) for s in shares]
-    try:
-        yield
-    finally:
-        for p in spinners:
-            p.kill()
-            p.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
