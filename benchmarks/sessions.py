@@ -263,10 +263,10 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     # Each session's counters over the window; its percentiles over its last 500 frames.
     stats = [{**at_end[k], **{n: at_end[k][n] - at_start[k][n] for n in COUNTERS},
               "session_id": k} for k in sorted(at_end.keys() & at_start.keys())]
-    fps = [_window_fps(r["arrivals"], t0, t1) for r in results if "fps" in r]
-    fps_whole = [r["fps"] for r in results if "fps" in r]
     fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], t0, t1)
                  for r in results if "fps" in r}
+    fps = list(fps_by_id.values())
+    fps_whole = [r["fps"] for r in results if "fps" in r]
 
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -439,7 +439,8 @@ def main() -> None:
         url, wav, n, size, seconds, motion = args.client_of
         packets = EncodedSpeech.encode_wav(wav)
         print("ready", flush=True)
-        sys.stdin.readline()  # go
+        if not sys.stdin.readline():  # no "go": the run was abandoned
+            return
         print(json.dumps(asyncio.run(_clients(url, wav, int(n), int(size), float(seconds),
                                               motion == "1", packets))))
         return
