@@ -405,9 +405,70 @@ def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[s
                                     client_processes, decoded, motion_only))
 
 
+def _point(spec: str) -> tuple[int, int, bool]:
+    """``512x64``: 64 sessions at 512x512; ``motionx256``: 256 motion-only ones (at 256)."""
+    kind, _, count = spec.partition("x")
+    try:
+        return (256, int(count), True) if kind == "motion" else (int(kind), int(count), False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: give SIZExN or motionxN") from None
+
+
+def _wait_until_idle(url: str, timeout: float = 60.0) -> None:
+    """Until the last point's sessions have all ended on the server."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = _get(f"{url}/healthz")
+        if not health.get("sessions", 0) and not health.get("motion_sessions", 0):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"sessions still live on the server after {timeout:.0f} s")
+
+
+def run_points(points: list[tuple[int, int, bool]], seconds: float, wav: Path,
+               extra: list[str], client_processes: int, decoded: int,
+               server_cpus: set[int] | None = None, logs: Path | None = None
+               ) -> Iterator[dict[str, Any]]:
+    """Each point on one server, started once: a GPU runtime compiles for minutes at
+    start-up, which a fresh server per point would pay every time. A point starts once
+    the last one's sessions have ended."""
+    most = max(4, *(n for _, n, _ in points))
+    log = None
+    if logs:
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / "server-points.log"
+    with started_server(["--set", f"session.max_sessions={most}",
+                         "--set", f"session.max_motion_sessions={most}", *extra],
+                        server_cpus, log) as (url, server):
+        for size, n, motion in points:
+            _wait_until_idle(url)
+            row = asyncio.run(_measure(url, server.pid, wav, n, seconds, size,
+                                       client_processes or math.ceil(n / 8),
+                                       0 if motion else decoded, motion))
+            yield {"point": f"{'motion' if motion else size}x{n}", **row}
+
+
+def _print_row(row: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(row), flush=True)
+        return
+    print(f"{row['sessions']:>8} {row['size']:>5} {row['fps_min']!s:>8} "
+          f"{row['fps_median']!s:>8} {row['server_cpu_cores']!s:>6} "
+          f"{row['pipeline_delay_ms_p50']!s:>10} {row['pipeline_delay_ms_p95_worst']!s:>10} "
+          f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
+    print("  ", json.dumps({k: row[k] for k in (
+        "served", "refused", "refusals", "fps_below_24", "cpu_per_session",
+        "cpu_by_process", "client_cpu_cores", "host_cores",
+        "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4],
+                        help="session counts, each on a fresh server")
+    parser.add_argument("--points", type=_point, nargs="+", metavar="SIZExN",
+                        help="instead: runs such as 512x64 or motionx256, one after another "
+                             "on one server started once")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--client-processes", type=int, default=0,
@@ -458,23 +519,19 @@ def main() -> None:
         if not args.json:
             print(f"{'sessions':>8} {'size':>5} {'fps min':>8} {'fps med':>8} {'cpu':>6} "
                   f"{'delay p50':>10} {'delay p95':>10} {'A/V p95':>8} {'repeat %':>9}")
-        for n in args.sessions:
-            processes = args.client_processes or math.ceil(n / 8)
-            with busy_neighbours(args.busy):
-                row = run_point(n, args.size, args.seconds, wav, args.server_args,
-                                processes, 0 if args.motion_only else args.decoded,
-                                args.motion_only, args.server_cpus, args.server_logs)
-            if args.json:
-                print(json.dumps(row), flush=True)
-            else:
-                print(f"{n:>8} {args.size:>5} {row['fps_min']!s:>8} {row['fps_median']!s:>8} "
-                      f"{row['server_cpu_cores']!s:>6} {row['pipeline_delay_ms_p50']!s:>10} "
-                      f"{row['pipeline_delay_ms_p95_worst']!s:>10} "
-                      f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
-                print("  ", json.dumps({k: row[k] for k in (
-                    "served", "refused", "refusals", "fps_below_24", "cpu_per_session",
-                    "cpu_by_process", "client_cpu_cores",
-                    "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
+        with busy_neighbours(args.busy):
+            if args.points:
+                for row in run_points(args.points, args.seconds, wav, args.server_args,
+                                      args.client_processes, args.decoded,
+                                      args.server_cpus, args.server_logs):
+                    _print_row(row, args.json)
+                return
+            for n in args.sessions:
+                processes = args.client_processes or math.ceil(n / 8)
+                _print_row(run_point(n, args.size, args.seconds, wav, args.server_args,
+                                     processes, 0 if args.motion_only else args.decoded,
+                                     args.motion_only, args.server_cpus, args.server_logs),
+                           args.json)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 # The whole server on a GPU host, end to end, in one command (issue 8; BENCHMARKS.md):
 # where aiortc and PyAV do not import, installs the wheelhouse parts found in .wheelhouse
 # (scripts/gpu_wheelhouse.py builds them, as the README's GPU section says); then runs
-# the load generator once per SIZExSESSIONS argument ("motion" for
-# motion-only sessions at 256), with the server on the first three quarters of the
-# cores (SERVER_CORES of them, if set) and its peers on the rest. Each run's JSON line goes
-# to stdout and to ${OUT:-.}/gpu_bench.jsonl, its server's output to ${OUT:-.}/logs.
+# the load generator once per SIZExSESSIONS argument ("motion" for motion-only sessions at
+# 256), one after another on one server started once (it compiles for minutes), with the
+# server on the first three quarters of the cores (SERVER_CORES of them, if set) and its
+# peers on the rest. Each run's JSON line goes to stdout and to ${OUT:-.}/gpu_bench.jsonl,
+# the server's output to ${OUT:-.}/logs.
 #
 #   bash scripts/gpu_bench.sh 512x64 256x128 motionx256
 #
@@ -25,13 +26,6 @@ wav=${WAV:-.gpudata/speech.wav}
 out=${OUT:-.}/gpu_bench.jsonl
 settings=(--runtime "${RUNTIME:-torch-cuda}" --set session.max_sessions=1024
           --set session.max_motion_sessions=2048 ${SERVER_SETTINGS:-})
-for run in "$@"; do
-    kind=${run%x*}
-    sessions=${run#*x}
-    if [[ $kind == motion ]]; then size=(--size 256 --motion-only); else size=(--size "$kind"); fi
-    python3 -m benchmarks.sessions --wav "$wav" --sessions "$sessions" "${size[@]}" \
-        --seconds "${SECONDS_PER_RUN:-20}" --json --server-cpus "0-$server_last" \
-        --server-logs "${OUT:-.}/logs" \
-        --client-cpus "$(( server_last + 1 ))-$(( cores - 1 ))" -- "${settings[@]}" \
-        | tail -n 1 | tee -a "$out"
-done
+python3 -m benchmarks.sessions --wav "$wav" --points "$@" --seconds "${SECONDS_PER_RUN:-20}" \
+    --json --server-cpus "0-$server_last" --client-cpus "$(( server_last + 1 ))-$(( cores - 1 ))" \
+    --server-logs "${OUT:-.}/logs" -- "${settings[@]}" | tee -a "$out"
