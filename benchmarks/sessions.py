@@ -19,6 +19,7 @@ track). The decoding ones check picture and sound in full.
 
     python -m benchmarks.sessions --sessions 1 2 4 --size 256 --seconds 20
     python -m benchmarks.sessions --sessions 64 128 --size 256 -- --runtime torch-cuda
+    python -m benchmarks.sessions --points 512x64 256x112 motionx256 -- --runtime torch-cuda
     python -m benchmarks.sessions --sessions 256 --motion-only --server-cpus 0-15 \
         --client-cpus 16-63 -- --runtime torch-cuda
 """
