@@ -41,6 +41,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,11 @@ def _host_ticks() -> np.ndarray:
         user, nice, system, idle, iowait, irq, softirq, steal = map(
             int, stat.readline().split()[1:9])
     return np.array([user + nice + system + irq + softirq, idle, iowait, steal], np.float64)
+
+
+def _live(health: dict[str, Any]) -> int:
+    """Sessions on the server, by its /healthz, motion-only ones included."""
+    return int(health.get("sessions", 0) + health.get("motion_sessions", 0))
 
 
 def _cpus(spec: str) -> set[int]:
@@ -179,9 +185,15 @@ async def _client_results(proc: asyncio.subprocess.Process) -> list[dict[str, An
     return list(json.loads(out.decode().strip().splitlines()[-1]))
 
 
+def _frame_times(stats: dict[str, Any]) -> tuple[int, int]:
+    """Frame times a session had, and how many of them showed an old picture: a skipped
+    frame time left the old picture up, as a repeat does."""
+    return (stats["frames_sent"] + stats["frames_skipped"],
+            stats["frames_repeated"] + stats["frames_skipped"])
+
+
 def _session_row(stats: dict[str, Any], fps: float | None) -> dict[str, Any]:
-    sent = stats["frames_sent"] + stats["frames_skipped"]
-    repeated = stats["frames_repeated"] + stats["frames_skipped"]
+    sent, repeated = _frame_times(stats)
     return {"session_id": stats["session_id"],
             "fps": None if fps is None else round(fps, 2),
             "repeated_%": round(100 * repeated / sent, 2) if sent else None,
@@ -195,58 +207,71 @@ def _window_fps(arrivals: list[float], t0: float, t1: float) -> float:
     return sum(t0 <= t < t1 for t in arrivals) / (t1 - t0)
 
 
+@dataclass
+class _Window:
+    """What the server and the machine did while every session was live and steady."""
+
+    t0: float
+    t1: float
+    cpu: dict[str, float]  # cores busy, by kind of server process
+    unmeasured: list[str]  # kinds of process that died meanwhile: their CPU is unknown
+    host: dict[str, float]  # the whole machine's cores busy, idle, in iowait, stolen
+    gpu: list[float]  # utilisation samples
+    at_start: dict[str, dict[str, Any]]  # each session's stats, by id
+    at_end: dict[str, dict[str, Any]]
+    health: dict[str, Any]  # /healthz at the end
+
+
+async def _steady_window(url: str, kinds: dict[str, list[int]], go: float,
+                         seconds: float) -> _Window:
+    """Waits until every offer is answered (the server's count of sessions stops
+    growing), then measures until just before the first session ends: the steady state,
+    not the connections' start."""
+
+    async def get(path: str) -> Any:
+        return await asyncio.to_thread(_get, f"{url}{path}")
+
+    async def sessions_now() -> dict[str, dict[str, Any]]:
+        return {s["session_id"]: s["stats"] for s in (await get("/sessions"))["sessions"]}
+
+    def cpu_seconds() -> dict[int, float]:
+        return {p: process_cpu_seconds(p) for pids in kinds.values() for p in pids}
+
+    await asyncio.sleep(3.0)
+    last, since = -1, time.monotonic()
+    while time.monotonic() - go < seconds / 2:
+        live = _live(await get("/healthz"))
+        if live != last:
+            last, since = live, time.monotonic()
+        elif live and time.monotonic() - since >= 1.0:
+            break
+        await asyncio.sleep(0.25)
+    at_start = await sessions_now()
+    t0, c0, h0 = time.monotonic(), cpu_seconds(), _host_ticks()
+    gpu: list[float] = []
+    end = go + seconds - 1.5
+    while time.monotonic() < end:
+        util = await asyncio.to_thread(_gpu_utilisation)
+        if util is not None:
+            gpu.append(util)
+        await asyncio.sleep(min(1.0, max(0.0, end - time.monotonic())))
+    t1, c1, h1 = time.monotonic(), cpu_seconds(), _host_ticks()
+    host = (h1 - h0) / CLOCK_TICKS / (t1 - t0)
+    return _Window(
+        t0, t1,
+        cpu={k: sum(c1[p] - c0[p] for p in pids) / (t1 - t0) for k, pids in kinds.items()},
+        # A process replaced meanwhile reads 0 at the end.
+        unmeasured=sorted(k for k, pids in kinds.items() if any(c1[p] == 0.0 for p in pids)),
+        host=dict(zip(("busy", "idle", "iowait", "steal"),
+                      (round(float(v), 2) for v in host), strict=True)),
+        gpu=gpu, at_start=at_start, at_end=await sessions_now(), health=await get("/healthz"))
+
+
 async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                    size: int, client_processes: int, decoded: int,
                    motion_only: bool) -> dict[str, Any]:
-    health: dict[str, Any] = {}
     kinds = await asyncio.to_thread(_processes, url, pid)
     before = await asyncio.to_thread(_metric_sums, url)
-    gpu: list[float] = []
-    gone: set[str] = set()
-    host: list[float] = []  # cores busy, idle, in iowait, stolen (the whole machine)
-
-    async def healthz() -> dict[str, Any]:
-        return dict(await asyncio.to_thread(_get, f"{url}/healthz"))
-
-    async def sessions_now() -> dict[str, dict[str, Any]]:
-        listed = await asyncio.to_thread(lambda: _get(f"{url}/sessions")["sessions"])
-        return {s["session_id"]: s["stats"] for s in listed}
-
-    async def monitor(go: float) -> tuple[float, float, dict[str, float]]:
-        """Waits until every offer is answered (the server's count of sessions stops
-        growing), then measures until just before the first session ends: the steady
-        state, not the connections' start."""
-        await asyncio.sleep(3.0)
-        last, since = -1, time.monotonic()
-        while time.monotonic() - go < seconds / 2:
-            now = await healthz()
-            live = now.get("sessions", 0) + now.get("motion_sessions", 0)
-            if live != last:
-                last, since = live, time.monotonic()
-            elif live and time.monotonic() - since >= 1.0:
-                break
-            await asyncio.sleep(0.25)
-        at_start.update(await sessions_now())
-        t0 = time.monotonic()
-        c0 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
-        h0 = _host_ticks()
-        while time.monotonic() < go + seconds - 1.5:
-            util = await asyncio.to_thread(_gpu_utilisation)
-            if util is not None:
-                gpu.append(util)
-            await asyncio.sleep(min(1.0, max(0.0, go + seconds - 1.5 - time.monotonic())))
-        t1 = time.monotonic()
-        c1 = {k: sum(map(process_cpu_seconds, pids)) for k, pids in kinds.items()}
-        host.extend((_host_ticks() - h0) / CLOCK_TICKS / (t1 - t0))
-        # A process replaced meanwhile reads 0 at the end: its CPU is unknown, not negative.
-        gone.update(k for k, pids in kinds.items()
-                    if any(process_cpu_seconds(p) == 0.0 for p in pids))
-        at_end.update(await sessions_now())
-        health.update(await healthz())
-        return t0, t1, {k: (c1[k] - c0[k]) / (t1 - t0) for k in kinds}
-
-    at_start: dict[str, dict[str, Any]] = {}
-    at_end: dict[str, dict[str, Any]] = {}
     decoded = min(decoded, sessions)
     rest = sessions - decoded
     shares = [len(part) for part in np.array_split(np.arange(rest), client_processes)
@@ -255,16 +280,18 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                                    for n in shares))
     go = time.monotonic()
     clients_before = _client_cpu()
-    (t0, t1, cpu), local, *remote = await asyncio.gather(
-        monitor(go), _clients(url, str(wav), decoded, size, seconds, motion_only),
+    window, local, *remote = await asyncio.gather(
+        _steady_window(url, kinds, go, seconds),
+        _clients(url, str(wav), decoded, size, seconds, motion_only),
         *(_client_results(proc) for proc in procs))
     results = local + [r for chunk in remote for r in chunk]
     client_cores = (_client_cpu() - clients_before) / (time.monotonic() - go)
     after = await asyncio.to_thread(_metric_sums, url)
     # Each session's counters over the window; its percentiles over its last 500 frames.
-    stats = [{**at_end[k], **{n: at_end[k][n] - at_start[k][n] for n in COUNTERS},
-              "session_id": k} for k in sorted(at_end.keys() & at_start.keys())]
-    fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], t0, t1)
+    first, last = window.at_start, window.at_end
+    stats = [{**last[k], **{n: last[k][n] - first[k][n] for n in COUNTERS},
+              "session_id": k} for k in sorted(last.keys() & first.keys())]
+    fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], window.t0, window.t1)
                  for r in results if "fps" in r}
     fps = list(fps_by_id.values())
     fps_whole = [r["fps"] for r in results if "fps" in r]
@@ -282,13 +309,14 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
 
     batches = delta("sonic_engine_batch_size_count")
     served = len(fps)
-    # A skipped frame time left the old picture up, as a repeat does.
-    repeated = sum(s["frames_repeated"] + s["frames_skipped"] for s in stats)
+    times = [_frame_times(s) for s in stats]
+    sent, repeated = sum(t for t, _ in times), sum(old for _, old in times)
     skipped = sum(s["frames_skipped"] for s in stats)
-    sent = sum(s["frames_sent"] + s["frames_skipped"] for s in stats)
     bitrates = [s["video_bitrate"] for s in stats if s.get("video_bitrate")]
-    loops = [w["loop_load"] for w in health.get("workers", []) if w.get("loop_load") is not None]
-    total_cpu = sum(cpu.values())
+    loops = [w["loop_load"] for w in window.health.get("workers", [])
+             if w.get("loop_load") is not None]
+    total_cpu = sum(window.cpu.values())
+    gone = window.unmeasured
     return {
         "sessions": sessions, "size": size, "served": served,
         "refused": sum("refused" in r for r in results),
@@ -298,7 +326,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "fps_below_24": sum(f < 24 for f in fps),
         # Over each whole session, its connection included.
         "fps_min_whole": round(min(fps_whole), 2) if fps_whole else None,
-        "window_s": round(t1 - t0, 1),
+        "window_s": round(window.t1 - window.t0, 1),
         "sessions_measured": len(stats),  # live on the server when the window opened
         "repeated_%": round(100 * repeated / sent, 2) if sent else None,
         "skipped_%": round(100 * skipped / sent, 2) if sent else None,
@@ -309,12 +337,11 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "av_offset_ms_p95_worst": worst("av_offset_ms", "p95"),
         "server_cpu_cores": None if gone else round(total_cpu, 2),
         "cpu_per_session": round(total_cpu / served, 3) if served and not gone else None,
-        "cpu_by_process": {k: round(v, 2) for k, v in cpu.items()},
+        "cpu_by_process": {k: round(v, 2) for k, v in window.cpu.items()},
         # The peers' own CPU, over their whole run: what the server did not have.
         "client_cpu_cores": round(client_cores, 2),
-        "host_cores": dict(zip(("busy", "idle", "iowait", "steal"),
-                               (round(v, 2) for v in host), strict=True)),
-        "gpu_util_%": round(float(np.mean(gpu)), 1) if gpu else None,
+        "host_cores": window.host,
+        "gpu_util_%": round(float(np.mean(window.gpu)), 1) if window.gpu else None,
         # The workers' event loops at the end (share of their thread's time), and the
         # rate the sessions' video was encoded at (what their viewers' REMB allowed).
         "worker_loop_load_max": round(max(loops), 2) if loops else None,
@@ -332,7 +359,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
                      for kind in ("worker", "inference")
                      if delta(f"sonic_{kind}_restarts_total")},
         # Kinds of process that died while the CPU was measured: their figures are not.
-        "cpu_unmeasured": sorted(gone),
+        "cpu_unmeasured": gone,
     }
 
 
@@ -390,22 +417,6 @@ def busy_neighbours(shares: list[float]) -> Iterator[None]:
             p.wait()
 
 
-def run_point(sessions: int, size: int, seconds: float, wav: Path, extra: list[str],
-              client_processes: int, decoded: int, motion_only: bool = False,
-              server_cpus: set[int] | None = None, logs: Path | None = None
-              ) -> dict[str, Any]:
-    log = None
-    if logs:
-        logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"server-{'motion' if motion_only else size}x{sessions}.log"
-    with started_server(["--set", f"video.size={size}",
-                         "--set", f"session.max_sessions={max(sessions, 4)}",
-                         "--set", f"session.max_motion_sessions={max(sessions, 4)}", *extra],
-                        server_cpus, log) as (url, server):
-        return asyncio.run(_measure(url, server.pid, wav, sessions, seconds, size,
-                                    client_processes, decoded, motion_only))
-
-
 def _point(spec: str) -> tuple[int, int, bool]:
     """``512x64``: 64 sessions at 512x512; ``motionx256``: 256 motion-only ones (at 256)."""
     kind, _, count = spec.partition("x")
@@ -419,8 +430,7 @@ def _wait_until_idle(url: str, timeout: float = 60.0) -> None:
     """Until the last point's sessions have all ended on the server."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        health = _get(f"{url}/healthz")
-        if not health.get("sessions", 0) and not health.get("motion_sessions", 0):
+        if not _live(_get(f"{url}/healthz")):
             return
         time.sleep(0.5)
     raise RuntimeError(f"sessions still live on the server after {timeout:.0f} s")
@@ -430,23 +440,25 @@ def run_points(points: list[tuple[int, int, bool]], seconds: float, wav: Path,
                extra: list[str], client_processes: int, decoded: int,
                server_cpus: set[int] | None = None, logs: Path | None = None
                ) -> Iterator[dict[str, Any]]:
-    """Each point on one server, started once: a GPU runtime compiles for minutes at
-    start-up, which a fresh server per point would pay every time. A point starts once
-    the last one's sessions have ended."""
+    """Each point on one server, started once (its default frame size the first point's):
+    a GPU runtime compiles for minutes at start-up, which a fresh server per point would
+    pay every time. A point starts once the last one's sessions have ended."""
+    names = [f"{'motion' if motion else size}x{n}" for size, n, motion in points]
     most = max(4, *(n for _, n, _ in points))
     log = None
     if logs:
         logs.mkdir(parents=True, exist_ok=True)
-        log = logs / "server-points.log"
-    with started_server(["--set", f"session.max_sessions={most}",
+        log = logs / f"server-{'-'.join(names)}.log"
+    with started_server(["--set", f"video.size={points[0][0]}",
+                         "--set", f"session.max_sessions={most}",
                          "--set", f"session.max_motion_sessions={most}", *extra],
                         server_cpus, log) as (url, server):
-        for size, n, motion in points:
+        for name, (size, n, motion) in zip(names, points, strict=True):
             _wait_until_idle(url)
             row = asyncio.run(_measure(url, server.pid, wav, n, seconds, size,
                                        client_processes or math.ceil(n / 8),
                                        0 if motion else decoded, motion))
-            yield {"point": f"{'motion' if motion else size}x{n}", **row}
+            yield {"point": name, **row}
 
 
 def _print_row(row: dict[str, Any], as_json: bool) -> None:
@@ -520,19 +532,15 @@ def main() -> None:
         if not args.json:
             print(f"{'sessions':>8} {'size':>5} {'fps min':>8} {'fps med':>8} {'cpu':>6} "
                   f"{'delay p50':>10} {'delay p95':>10} {'A/V p95':>8} {'repeat %':>9}")
+        # --points share one server; --sessions get a fresh one each.
+        runs = [args.points] if args.points else \
+            [[(args.size, n, args.motion_only)] for n in args.sessions]
         with busy_neighbours(args.busy):
-            if args.points:
-                for row in run_points(args.points, args.seconds, wav, args.server_args,
+            for points in runs:
+                for row in run_points(points, args.seconds, wav, args.server_args,
                                       args.client_processes, args.decoded,
                                       args.server_cpus, args.server_logs):
                     _print_row(row, args.json)
-                return
-            for n in args.sessions:
-                processes = args.client_processes or math.ceil(n / 8)
-                _print_row(run_point(n, args.size, args.seconds, wav, args.server_args,
-                                     processes, 0 if args.motion_only else args.decoded,
-                                     args.motion_only, args.server_cpus, args.server_logs),
-                           args.json)
 
 
 if __name__ == "__main__":
