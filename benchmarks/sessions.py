@@ -32,7 +32,6 @@ import contextlib
 import json
 import math
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -65,13 +64,6 @@ def _processes(url: str, pid: int) -> dict[str, list[int]]:
     return {"front_door": [pid],
             "workers": [w["pid"] for w in health["workers"] if w["pid"]],
             "inference": [p["pid"] for p in health["inference"] if p["pid"]]}
-
-
-def _client_cpu() -> float:
-    """CPU seconds of this process and of its finished client processes."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _gpu_utilisation() -> float | None:
@@ -214,6 +206,7 @@ class _Window:
     t0: float
     t1: float
     cpu: dict[str, float]  # cores busy, by kind of server process
+    peers: float  # cores the peers' processes (and this one's) kept busy
     unmeasured: list[str]  # kinds of process that died meanwhile: their CPU is unknown
     host: dict[str, float]  # the whole machine's cores busy, idle, in iowait, stolen
     gpu: list[float]  # utilisation samples
@@ -222,8 +215,8 @@ class _Window:
     health: dict[str, Any]  # /healthz at the end
 
 
-async def _steady_window(url: str, kinds: dict[str, list[int]], go: float,
-                         seconds: float) -> _Window:
+async def _steady_window(url: str, kinds: dict[str, list[int]], peers: list[int],
+                         go: float, seconds: float) -> _Window:
     """Waits until every offer is answered (the server's count of sessions stops
     growing), then measures until just before the first session ends: the steady state,
     not the connections' start."""
@@ -235,7 +228,7 @@ async def _steady_window(url: str, kinds: dict[str, list[int]], go: float,
         return {s["session_id"]: s["stats"] for s in (await get("/sessions"))["sessions"]}
 
     def cpu_seconds() -> dict[int, float]:
-        return {p: process_cpu_seconds(p) for pids in kinds.values() for p in pids}
+        return {p: process_cpu_seconds(p) for pids in [*kinds.values(), peers] for p in pids}
 
     await asyncio.sleep(3.0)
     last, since = -1, time.monotonic()
@@ -260,6 +253,7 @@ async def _steady_window(url: str, kinds: dict[str, list[int]], go: float,
     return _Window(
         t0, t1,
         cpu={k: sum(c1[p] - c0[p] for p in pids) / (t1 - t0) for k, pids in kinds.items()},
+        peers=sum(c1[p] - c0[p] for p in peers) / (t1 - t0),
         # A process replaced meanwhile reads 0 at the end.
         unmeasured=sorted(k for k, pids in kinds.items() if any(c1[p] == 0.0 for p in pids)),
         host=dict(zip(("busy", "idle", "iowait", "steal"),
@@ -279,13 +273,11 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     procs = await asyncio.gather(*(_client_process(url, wav, n, size, seconds, motion_only)
                                    for n in shares))
     go = time.monotonic()
-    clients_before = _client_cpu()
     window, local, *remote = await asyncio.gather(
-        _steady_window(url, kinds, go, seconds),
+        _steady_window(url, kinds, [os.getpid(), *(p.pid for p in procs)], go, seconds),
         _clients(url, str(wav), decoded, size, seconds, motion_only),
         *(_client_results(proc) for proc in procs))
     results = local + [r for chunk in remote for r in chunk]
-    client_cores = (_client_cpu() - clients_before) / (time.monotonic() - go)
     after = await asyncio.to_thread(_metric_sums, url)
     # Each session's counters over the window; its percentiles over its last 500 frames.
     first, last = window.at_start, window.at_end
@@ -313,8 +305,11 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     sent, repeated = sum(t for t, _ in times), sum(old for _, old in times)
     skipped = sum(s["frames_skipped"] for s in stats)
     bitrates = [s["video_bitrate"] for s in stats if s.get("video_bitrate")]
-    loops = [w["loop_load"] for w in window.health.get("workers", [])
-             if w.get("loop_load") is not None]
+    workers = [w for w in window.health.get("workers", []) if w.get("loop_load") is not None]
+    loops = [w["loop_load"] for w in workers]
+    # A loop's load per session it holds (motion-only ones included).
+    per_session = [w["loop_load"] / n for w in workers
+                   if (n := (w.get("sessions") or 0) + (w.get("motion_sessions") or 0))]
     total_cpu = sum(window.cpu.values())
     gone = window.unmeasured
     return {
@@ -338,13 +333,22 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "server_cpu_cores": None if gone else round(total_cpu, 2),
         "cpu_per_session": round(total_cpu / served, 3) if served and not gone else None,
         "cpu_by_process": {k: round(v, 2) for k, v in window.cpu.items()},
-        # The peers' own CPU, over their whole run: what the server did not have.
-        "client_cpu_cores": round(client_cores, 2),
+        # The peers' own CPU over the window (this process's included): with the peers on
+        # cores of their own, near their count it says they, not the server, were the limit.
+        "client_cpu_cores": round(window.peers, 2),
         "host_cores": window.host,
         "gpu_util_%": round(float(np.mean(window.gpu)), 1) if window.gpu else None,
         # The workers' event loops at the end (share of their thread's time), and the
         # rate the sessions' video was encoded at (what their viewers' REMB allowed).
         "worker_loop_load_max": round(max(loops), 2) if loops else None,
+        "loop_load_per_session_median": round(float(np.median(per_session)), 4)
+        if per_session else None,
+        # What admission charges by then: cores per 256x256 session (the front door's host
+        # model) and the median worker's loop share per 256x256 session.
+        "learnt": {"cores_per_session": window.health.get("cores_per_session"),
+                   "loop_unit_median": round(float(np.median(
+                       [w["loop_unit"] for w in workers if w.get("loop_unit") is not None]
+                       or [np.nan])), 4)},
         "video_kbps_median": round(float(np.median(bitrates)) / 1000) if bitrates else None,
         "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)
         if batches else None,
@@ -471,7 +475,7 @@ def _print_row(row: dict[str, Any], as_json: bool) -> None:
           f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
     print("  ", json.dumps({k: row[k] for k in (
         "served", "refused", "refusals", "fps_below_24", "cpu_per_session",
-        "cpu_by_process", "client_cpu_cores", "host_cores",
+        "cpu_by_process", "client_cpu_cores", "host_cores", "learnt",
         "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
 
 

@@ -22,6 +22,7 @@ from server.encoding import use_realtime_vp8
 from server.load import LoopLoad
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
+from server.placement import LOOP_SHARE
 from server.ports import bind_udp_in_range
 from server.sessions import SessionManager
 from server.signalling import allowed_hosts, cors, host_check, json_errors, routes
@@ -143,10 +144,11 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         sessions = SessionManager(settings, manifest, inference, avatars, metrics, id_prefix,
                                   runtime=resolved)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
-                            STATIC_DIR, LoopLoad(settings.session.cores_per_session))
+                            STATIC_DIR,
+                        LoopLoad(settings.session.cores_per_session * LOOP_SHARE))
         app[state_key] = state
         meter = asyncio.get_running_loop().create_task(state.loop_load.run(
-            lambda: (sessions.media_cost(), sessions.settled_cost())))
+            lambda: (sessions.media_cost(loop=True), sessions.settled_cost(loop=True))))
         try:
             log.info("warming the audio features (librosa)")
             await asyncio.to_thread(_warm_features, manifest)

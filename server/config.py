@@ -226,9 +226,11 @@ class SessionSettings:
     max_host_load: float = setting(0.8, "admit a session only while the server's processes, "
                                    "measured each second, would keep at most this share of "
                                    "its cores busy with it", low=0.01, high=1.0)
-    cores_per_session: float = setting(0.13, "cores a 256x256 video session is taken to need "
+    cores_per_session: float = setting(0.11, "cores a 256x256 video session is taken to need "
                                        "until the server has measured its own (an H200 host "
-                                       "measured 0.106-0.131)", low=0.001)
+                                       "measured 0.084-0.107 in a steady state); a 512x512 "
+                                       "one 1.7 times that, a motion-only one 0.55 times",
+                                       low=0.001)
     max_engine_load: float = setting(0.9, "admit a session only while all sessions need at "
                                      "most this share of the engine's measured capacity",
                                      low=0.001)

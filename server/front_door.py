@@ -255,7 +255,7 @@ class FrontDoor:
             capacity[NO_PICTURE] = health["motion_capacity_fps"]
             out.append(WorkerLoad(worker.index, worker.spec.gpu, counts[False], capacity,
                                   motion=counts[True], loop_load=health["loop_load"],
-                                  measured_cost=health["loop_load_cost"],
+                                  settled_cost=health["settled_cost"],
                                   loop_idle=health["loop_idle"],
                                   loop_unit=health["loop_unit"]))
         return out
@@ -287,7 +287,7 @@ class FrontDoor:
             loads = await self.loads()
             busy = self.cores_busy.value
             self.host_model.observe(busy, sum(load.media_cost for load in loads),
-                                    sum(load.measured_cost for load in loads))
+                                    sum(load.settled_cost for load in loads))
             host = HostLoad(self.cores, busy, self.host_model.idle, self.host_model.unit)
             index = place(loads, size, self.limits, motion_only=motion_only, host=host)
             self._reserved[index][size, motion_only] += 1
@@ -402,7 +402,9 @@ async def healthz(request: web.Request) -> web.Response:
                      "sessions": workers[w.index].count if w.index in workers else None,
                      "motion_sessions": workers[w.index].motion_count
                      if w.index in workers else None,
-                     "loop_load": workers[w.index].loop_load if w.index in workers else None}
+                     "loop_load": workers[w.index].loop_load if w.index in workers else None,
+                     # per 256x256 session, as its loop has measured
+                     "loop_unit": workers[w.index].loop_unit if w.index in workers else None}
                     for w in door.workers],
         "inference": [{"gpu": g, "pid": p.pid, "alive": p.alive, "max_batch": p.max_batch}
                       for g, p in enumerate(door.inference)],

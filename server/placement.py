@@ -13,29 +13,40 @@ from dataclasses import dataclass, field
 
 from inference.engine import NO_PICTURE
 
-#: A motion-only session's media cost against a 256x256 video session's. It has no encoder
-#: and no video packets, but its audio both ways, its features and its data channel
-#: (aiortc's SCTP is Python) remain: 0.064 cores a session against 0.106 on the H200 host,
-#: 0.07 against 0.1 on the 2-core machine (BENCHMARKS.md).
-MOTION_MEDIA_COST = 0.6
+#: What a session costs against a 256x256 video session, in two resources: the server's
+#: cores (its whole CPU, the encoder threads included) and its worker's event-loop thread
+#: (peers, audio, features, the data channel; the encoder runs off it). Measured on the
+#: H200 host in one call (2026-12-02, BENCHMARKS.md), at 48 x 512, 73 x 256 and 123
+#: motion-only sessions: cores 0.182, 0.107 and 0.056 a session, so video grows with the
+#: side to the power 0.75 and a motion-only session (no encoder, no video packets) costs
+#: 0.55 of one; on the loop, 512 cost 1.4 times 256 (the side to the power 0.5) and a
+#: motion-only session 0.9 (aiortc's SCTP is Python, on the loop).
+VIDEO_CORES_EXPONENT = 0.75
+VIDEO_LOOP_EXPONENT = 0.5
+MOTION_CORES = 0.55
+MOTION_LOOP = 0.9
+#: Of a 256x256 session's cores, the share its worker's loop thread spends: the loop's
+#: prior cost, before a worker has measured its own (0.06 of 0.107 on the H200 host).
+LOOP_SHARE = 0.55
 
 
 class Refused(RuntimeError):
     """No worker can take the session without degrading the ones already running."""
 
 
-def session_cost(size: int, motion_only: bool = False) -> float:
-    """One session's media cost, a 256x256 video session being 1. Video grows with the
-    square root of the frame's side: the H200 host measured 0.147 cores a session at
-    512x512 against 0.106 at 256x256, 1.39 times (the square root of 2 is 1.41). Encoding,
-    the part that grows with the pixels, is the smaller share."""
-    return MOTION_MEDIA_COST if motion_only else (size / 256) ** 0.5
+def session_cost(size: int, motion_only: bool = False, *, loop: bool = False) -> float:
+    """One session's cost, a 256x256 video session being 1: in the server's cores, or with
+    ``loop`` in its worker's event loop."""
+    if motion_only:
+        return MOTION_LOOP if loop else MOTION_CORES
+    return (size / 256) ** (VIDEO_LOOP_EXPONENT if loop else VIDEO_CORES_EXPONENT)
 
 
-def media_cost(sessions: dict[int, int], motion: dict[int, int]) -> float:
+def media_cost(sessions: dict[int, int], motion: dict[int, int], *, loop: bool = False
+               ) -> float:
     """Sessions, video by frame side and motion-only, weighted by ``session_cost``."""
-    return sum(n * session_cost(size) for size, n in sessions.items()) + \
-        sum(n * session_cost(size, motion_only=True) for size, n in motion.items())
+    return sum(n * session_cost(size, loop=loop) for size, n in sessions.items()) + \
+        sum(n * session_cost(size, motion_only=True, loop=loop) for size, n in motion.items())
 
 
 @dataclass(frozen=True)
@@ -46,12 +57,12 @@ class WorkerLoad:
     #: Its GPU's measured engine capacity, by frame side (NO_PICTURE: coefficients alone).
     capacity_fps: dict[int, float]
     motion: dict[int, int] = field(default_factory=dict)  # motion-only sessions, by side
-    #: Its event loop's measured CPU share, and the media cost of the settled sessions it
+    #: Its event loop's measured CPU share, and the cost in cores of the settled sessions it
     #: carried then (which the host's cost model learns from).
     loop_load: float = 0.0
-    measured_cost: float = 0.0
+    settled_cost: float = 0.0
     #: What its sessions cost its loop, as its own cost model has learnt (``CostModel``):
-    #: the idle loop's share, and the share per unit of media cost.
+    #: the idle loop's share, and the share per unit of loop cost.
     loop_idle: float = 0.0
     loop_unit: float = 0.0
 
@@ -65,13 +76,15 @@ class WorkerLoad:
 
     @property
     def media_cost(self) -> float:
+        """Its sessions' cost in cores."""
         return media_cost(self.sessions, self.motion)
 
     def loop_load_with(self, cost: float) -> float:
-        """Its loop's load once a session of media ``cost`` is added: the model's figure
-        for all its sessions (reserved offers included, so a burst is charged before its
-        load shows), or, if more, what is measured now plus the newcomer's share."""
-        return max(self.loop_idle + self.loop_unit * (self.media_cost + cost),
+        """Its loop's load once a session of loop ``cost`` is added: the model's figure for
+        all its sessions (reserved offers included, so a burst is charged before its load
+        shows), or, if more, what is measured now plus the newcomer's share."""
+        total = media_cost(self.sessions, self.motion, loop=True)
+        return max(self.loop_idle + self.loop_unit * (total + cost),
                    self.loop_load + self.loop_unit * cost)
 
     def frames(self) -> dict[int, int]:
@@ -150,7 +163,8 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
             raise Refused(f"the server's {host.cores:g} cores would be {busy:.1f} busy with "
                           f"another {kind}{size}x{size} session, past "
                           f"session.max_host_load={limits.max_host_load}")
-    room = [load for load in room if load.loop_load_with(cost) <= limits.max_worker_load]
+    loop_cost = session_cost(size, motion_only, loop=True)
+    room = [load for load in room if load.loop_load_with(loop_cost) <= limits.max_worker_load]
     if not room:
         raise Refused(f"every media worker's event loop would pass session.max_worker_load="
                       f"{limits.max_worker_load} with another {kind}{size}x{size} session")

@@ -44,12 +44,12 @@ def _grid_phases(setting: int, runtime: str) -> int:
     return max(setting, 0)
 
 
-def _cost(sessions: Iterable[Session]) -> float:
+def _cost(sessions: Iterable[Session], loop: bool) -> float:
     video: collections.Counter[int] = collections.Counter()
     motion: collections.Counter[int] = collections.Counter()
     for session in sessions:
         (motion if session.motion_only else video)[session.avatar.size] += 1
-    return media_cost(video, motion)
+    return media_cost(video, motion, loop=loop)
 
 
 class SessionManager:
@@ -95,16 +95,17 @@ class SessionManager:
             if session.motion_only == motion_only
             and (not answering or not self._peers.get(session_id))))
 
-    def media_cost(self) -> float:
-        """Media cost of every live session (``server.placement.session_cost``)."""
-        return _cost(self._sessions.values())
+    def media_cost(self, *, loop: bool = False) -> float:
+        """Cost of every live session in cores, or in the event loop
+        (``server.placement.session_cost``)."""
+        return _cost(self._sessions.values(), loop)
 
-    def settled_cost(self, after_s: float = SETTLED_S) -> float:
-        """Media cost of the sessions with a peer, made ``after_s`` or more ago: those whose
-        load the loop's measure already holds in full."""
+    def settled_cost(self, after_s: float = SETTLED_S, *, loop: bool = False) -> float:
+        """Cost of the sessions with a peer, made ``after_s`` or more ago: those whose
+        load a second's measure already holds in full."""
         now = time.time()
-        return _cost(s for session_id, s in self._sessions.items()
-                     if self._peers.get(session_id) and now - s.created >= after_s)
+        return _cost((s for session_id, s in self._sessions.items()
+                      if self._peers.get(session_id) and now - s.created >= after_s), loop)
 
     def degraded(self, below_fps: float) -> int:
         """Sessions, sending for a while, whose fresh frames per second are under ``below_fps``:

@@ -222,9 +222,11 @@ async def healthz(request: web.Request) -> web.Response:
         "motion_capacity_fps": round(state.inference.capacity_fps(NO_PICTURE), 1),
         # Share of each second the event loop's thread is on CPU (server/load.py).
         "loop_load": round(state.loop_load.value, 3),
-        # ... the media cost of the settled sessions it holds, and what the loop's cost model
+        # ... the loop cost of the settled sessions it holds, and what the loop's cost model
         # has learnt from the two (server/load.py): idle, and per 256x256 session.
-        "loop_load_cost": round(state.sessions.settled_cost(), 3),
+        "loop_load_cost": round(state.sessions.settled_cost(loop=True), 3),
+        # The settled sessions' cost in cores, which the front door's host model learns from.
+        "settled_cost": round(state.sessions.settled_cost(), 3),
         "loop_idle": round(state.loop_load.model.idle, 4),
         "loop_unit": round(state.loop_load.model.unit, 4),
     })

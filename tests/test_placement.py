@@ -7,7 +7,15 @@ import pytest
 
 from inference.engine import NO_PICTURE
 from server.load import CostModel
-from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
+from server.placement import (
+    HostLoad,
+    Limits,
+    Refused,
+    WorkerLoad,
+    engine_loads,
+    place,
+    session_cost,
+)
 
 LIMITS = Limits(max_sessions=10, worker_sessions=4, max_engine_load=0.9, fps=25)
 CAPACITY = {256: 250.0, 512: 100.0}  # frames/s: a 256 session takes 10%, a 512 one 25%
@@ -18,7 +26,7 @@ def load(index: int, gpu: int = 0, **sessions: int) -> WorkerLoad:
 
 
 def test_the_worker_with_the_least_media_cost_gets_the_session():
-    # A 512 session costs about 1.4 of a 256 one: two small ones weigh more than one large.
+    # A 512 session costs about 1.7 of a 256 one: two small ones weigh more than one large.
     assert place([load(0, s256=2), load(1, s512=1)], 256, LIMITS) == 1
     assert place([load(0, s256=1), load(1, s512=1)], 256, LIMITS) == 0
     assert place([load(0), load(1)], 512, LIMITS) == 0  # ties go to the lower index
@@ -98,6 +106,29 @@ def test_a_worker_whose_event_loop_would_pass_its_limit_is_passed_over():
                                    loop_unit=0.15)], 512, limits) == 1
 
 
+def test_a_motion_only_session_costs_half_a_video_one_in_cores_and_most_of_one_on_its_loop():
+    """It has no encoder (most of a video session's cores, run off the loop), but its
+    audio, features and data channel run on the loop (H200 host, 2026-12-02: 0.056
+    against 0.107 cores; 0.054 against 0.061 of a loop)."""
+    assert session_cost(256, motion_only=True) == pytest.approx(0.55)
+    assert session_cost(256, motion_only=True, loop=True) == pytest.approx(0.9)
+    assert session_cost(512) == pytest.approx(2 ** 0.75)
+    assert session_cost(512, loop=True) == pytest.approx(2 ** 0.5)
+    limits = Limits(max_sessions=100, worker_sessions=50, max_engine_load=0.9, fps=25,
+                    max_motion_sessions=100, worker_motion_sessions=50,
+                    max_worker_load=0.8, max_host_load=0.8)
+    # Ten motion-only sessions on a loop that costs 0.07 a unit: 0.02 + 11 x 0.9 x 0.07 =
+    # 0.71; the host, at 0.1 cores a unit, would be 0.5 + 11 x 0.55 x 0.1 = 1.1 of 2 cores.
+    worker = WorkerLoad(0, 0, {}, CAPACITY, motion={256: 10}, loop_idle=0.02, loop_unit=0.07)
+    host = HostLoad(cores=2, busy=0.5, idle=0.5, unit=0.1)
+    assert place([worker], 256, limits, motion_only=True, host=host) == 0
+    # Two more on the loop (0.02 + 13 x 0.063 = 0.84) pass its limit, though the cores
+    # (0.5 + 13 x 0.055 = 1.2 of 1.6) have room.
+    fuller = WorkerLoad(0, 0, {}, CAPACITY, motion={256: 12}, loop_idle=0.02, loop_unit=0.07)
+    with pytest.raises(Refused, match="max_worker_load"):
+        place([fuller], 256, limits, motion_only=True, host=host)
+
+
 def test_a_loop_measured_just_after_sessions_left_is_not_charged_to_the_one_that_stayed():
     """The loop's smoothed reading lags: a second after two sessions ended it still holds
     some of their load. Scaling that reading by the one session left (three times its real
@@ -105,7 +136,7 @@ def test_a_loop_measured_just_after_sessions_left_is_not_charged_to_the_one_that
     session was settled, does not."""
     limits = Limits(max_sessions=100, worker_sessions=50, max_engine_load=0.9, fps=25,
                     max_worker_load=0.8)
-    after = WorkerLoad(0, 0, {256: 1}, CAPACITY, loop_load=0.45, measured_cost=1.0,
+    after = WorkerLoad(0, 0, {256: 1}, CAPACITY, loop_load=0.45, settled_cost=1.0,
                        loop_idle=0.02, loop_unit=0.15)
     assert after.loop_load_with(1.0) == pytest.approx(0.6)
     assert place([after], 256, limits) == 0
