@@ -16,17 +16,17 @@ from inference.engine import NO_PICTURE
 #: What a session costs against a 256x256 video session, in two resources: the server's
 #: cores (its whole CPU, the encoder threads included) and its worker's event-loop thread
 #: (peers, audio, features, the data channel; the encoder runs off it). Measured on the
-#: H200 host in one call (2026-12-02, BENCHMARKS.md), at 48 x 512, 73 x 256 and 123
-#: motion-only sessions: cores 0.182, 0.107 and 0.056 a session, so video grows with the
-#: side to the power 0.75 and a motion-only session (no encoder, no video packets) costs
-#: 0.55 of one; on the loop, 512 cost 1.4 times 256 (the side to the power 0.5) and a
-#: motion-only session 0.9 (aiortc's SCTP is Python, on the loop).
+#: H200 host (2026-12-02, BENCHMARKS.md), 512 against 256 and motion-only against 256
+#: within one call: cores 1.70 and 0.52 in one call, 1.92 and 0.59 in another, so video
+#: grows with the side to the power 0.75 and a motion-only session (no encoder, no video
+#: packets) costs 0.55 of one; on the loop 1.47 and 0.93 (the side to the power 0.5, and
+#: 0.9: its audio, features and aiortc's SCTP, which is Python, all run there).
 VIDEO_CORES_EXPONENT = 0.75
 VIDEO_LOOP_EXPONENT = 0.5
 MOTION_CORES = 0.55
 MOTION_LOOP = 0.9
 #: Of a 256x256 session's cores, the share its worker's loop thread spends: the loop's
-#: prior cost, before a worker has measured its own (0.06 of 0.107 on the H200 host).
+#: prior cost, before a worker has measured its own (0.045 of 0.076 on the H200 host).
 LOOP_SHARE = 0.55
 
 

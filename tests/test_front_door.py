@@ -84,6 +84,30 @@ def test_sessions_land_on_both_workers_and_their_frames_come_back_whole(door, sp
         _speaks(received, box)
 
 
+def test_the_cost_of_a_session_is_learnt_once_a_burst_has_settled(door, speech_wav):
+    """Admission charges a burst of offers at the prior ``session.cores_per_session``;
+    once those sessions have settled, with no offer since, the front door has measured
+    what they cost, so the next burst is charged that instead."""
+    prior = _get(f"{door.url}/config")["settings"]["session"]["cores_per_session"]
+    assert _get(f"{door.url}/healthz")["cores_per_session"] == prior
+
+    async def scenario() -> dict:  # type: ignore[type-arg]
+        async def later() -> dict:  # type: ignore[type-arg]
+            await asyncio.sleep(7.5)  # settled (3 s old) and measured a few seconds
+            return await asyncio.to_thread(_get, f"{door.url}/healthz")
+
+        *_, health = await asyncio.gather(
+            *(run_session(door.url, str(speech_wav), seconds=9.0, keep=False,
+                          count_only=True)
+              for _ in range(4)), later())
+        return health
+
+    health = asyncio.run(scenario())
+    assert health["sessions"] == 4, health
+    # Two cores carrying the engine as well: far from the prior, whichever way.
+    assert abs(health["cores_per_session"] - prior) > 0.02, (prior, health)
+
+
 def _portrait_png() -> bytes:
     from inference.images import load_default_avatar
 
