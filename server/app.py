@@ -143,9 +143,9 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         avatars = AvatarStore(inference, settings.avatar, settings.video.allowed_sizes)
         sessions = SessionManager(settings, manifest, inference, avatars, metrics, id_prefix,
                                   runtime=resolved)
+        loop_load = LoopLoad(settings.session.cores_per_session * LOOP_SHARE)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
-                            STATIC_DIR,
-                        LoopLoad(settings.session.cores_per_session * LOOP_SHARE))
+                            STATIC_DIR, loop_load)
         app[state_key] = state
         meter = asyncio.get_running_loop().create_task(state.loop_load.run(
             lambda: (sessions.media_cost(loop=True), sessions.settled_cost(loop=True))))
