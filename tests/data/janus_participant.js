@@ -125,6 +125,7 @@ window.participant = (() => {
         const canvas = document.createElement('canvas');
         const context = canvas.getContext('2d', {willReadFrequently: true});
         const out = [];
+        const luma = (p, i) => 0.299 * p[i] + 0.587 * p[i + 1] + 0.114 * p[i + 2];
         // Until a frame is presented, drawImage paints nothing (a black box).
         await new Promise((resolve) => video.requestVideoFrameCallback(resolve));
         const end = performance.now() + ms;
@@ -133,14 +134,23 @@ window.participant = (() => {
                 canvas.width = video.videoWidth;
                 canvas.height = video.videoHeight;
                 context.drawImage(video, 0, 0);
-                const [y0, y1, x0, x1] = box;
-                const pixels = context.getImageData(x0, y0, x1 - x0, y1 - y0).data;
-                let dark = 0;
-                for (let i = 0; i < pixels.length; i += 4) {
-                    const y = 0.299 * pixels[i] + 0.587 * pixels[i + 1] + 0.114 * pixels[i + 2];
-                    if (y < luminance) dark += 1;
+                // Even after that callback, headless Chromium has once drawn a first frame
+                // black all over. The avatar is never black all over, so such a drawing
+                // is not a frame the server sent.
+                const whole = context.getImageData(0, 0, canvas.width, canvas.height).data;
+                let painted = false;
+                for (let i = 0; i < whole.length && !painted; i += 4) {
+                    painted = luma(whole, i) >= 40;
                 }
-                out.push(dark / (pixels.length / 4));
+                if (painted) {
+                    const [y0, y1, x0, x1] = box;
+                    const pixels = context.getImageData(x0, y0, x1 - x0, y1 - y0).data;
+                    let dark = 0;
+                    for (let i = 0; i < pixels.length; i += 4) {
+                        if (luma(pixels, i) < luminance) dark += 1;
+                    }
+                    out.push(dark / (pixels.length / 4));
+                }
             }
             await new Promise((resolve) => setTimeout(resolve, 40));
         }
