@@ -23,8 +23,14 @@ def test_churn_bad_networks_and_hostile_requests_leave_the_server_as_it_was():
     # frame in 5-10 ms: bursts of their work (handshakes, decoding over the bad networks)
     # made some frames miss the default 130 ms delay's 28 ms of slack. 20 ms more keeps
     # what this test is about, the long session not noticing the churn, apart from that.
+    # Once the server has measured a session here (about 0.25 cores with the CPU engine),
+    # the long one, two transients and an offer that never connects come near the default
+    # 0.8 of the two cores, and admission refused most transients. Churn at the limit is
+    # what this test is about, so the server may fill 0.95 of its cores; the long session
+    # must still not notice.
     with ServerProcess("--set", "session.peer_timeout_s=3",
-                       "--set", "session.pipeline_delay_ms=150") as server:
+                       "--set", "session.pipeline_delay_ms=150",
+                       "--set", "session.max_host_load=0.95") as server:
         report = asyncio.run(soak(server.url, server.proc.pid, pcm, seconds=40.0))
     summary = report.summary()
     assert report.cycles >= 8, summary
