@@ -310,6 +310,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     # A loop's load per session it holds (motion-only ones included).
     per_session = [w["loop_load"] / n for w in workers
                    if (n := (w.get("sessions") or 0) + (w.get("motion_sessions") or 0))]
+    units = [w["loop_unit"] for w in workers if w.get("loop_unit") is not None]
     total_cpu = sum(window.cpu.values())
     gone = window.unmeasured
     return {
@@ -346,9 +347,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         # What admission charges by then: cores per 256x256 session (the front door's host
         # model) and the median worker's loop share per 256x256 session.
         "learnt": {"cores_per_session": window.health.get("cores_per_session"),
-                   "loop_unit_median": round(float(np.median(
-                       [w["loop_unit"] for w in workers if w.get("loop_unit") is not None]
-                       or [np.nan])), 4)},
+                   "loop_unit_median": round(float(np.median(units)), 4) if units else None},
         "video_kbps_median": round(float(np.median(bitrates)) / 1000) if bitrates else None,
         "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)
         if batches else None,

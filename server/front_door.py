@@ -279,20 +279,16 @@ class FrontDoor:
         while len(self._uploads) > self.settings.avatar.max_avatars:
             self._uploads.popitem(last=False)
 
-    def _host_load(self, loads: list[WorkerLoad]) -> HostLoad:
-        """The server's cores now, with what its sessions cost as learnt up to this reading."""
-        busy = self.cores_busy.value
-        self.host_model.observe(busy, sum(load.media_cost for load in loads),
-                                sum(load.settled_cost for load in loads))
-        return HostLoad(self.cores, busy, self.host_model.idle, self.host_model.unit)
-
     async def _learn_host_cost(self, interval: float = 1.0) -> None:
-        """Reads the host each second, not only when an offer comes: offers come in bursts,
-        so a model fed only then never sees the burst's sessions settled, and the next burst
-        would be charged the prior again."""
+        """Feeds the host's cost model each second, whether or not offers come: offers
+        come in bursts, so a model fed only at an offer never sees a burst's sessions
+        settled, and the next burst would be charged the prior again."""
         while True:
             await asyncio.sleep(interval)
-            self._host_load(await self.loads())
+            loads = await self.loads()
+            self.host_model.observe(self.cores_busy.value,
+                                    sum(load.media_cost for load in loads),
+                                    sum(load.settled_cost for load in loads))
 
     @contextlib.asynccontextmanager
     async def placed(self, size: int, motion_only: bool = False
@@ -301,8 +297,9 @@ class FrontDoor:
         there; raises ``Refused``."""
         async with self._placing:
             loads = await self.loads()
-            index = place(loads, size, self.limits, motion_only=motion_only,
-                          host=self._host_load(loads))
+            host = HostLoad(self.cores, self.cores_busy.value, self.host_model.idle,
+                            self.host_model.unit)
+            index = place(loads, size, self.limits, motion_only=motion_only, host=host)
             self._reserved[index][size, motion_only] += 1
         try:
             yield self.workers[index]
