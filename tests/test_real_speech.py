@@ -34,6 +34,37 @@ def test_tidy_makes_contiguous_phones() -> None:
     assert all(a[1] == b[0] for a, b in zip(phones, phones[1:], strict=False))
 
 
+def test_true_text_speakers_take_their_prompts_and_file_list_text(tmp_path: Path) -> None:
+    """ARCTIC recordings get the prompt Kathleen read (matched by prompt id, whatever the
+    file's prefix); VCTK and LJSpeech get vits's file-list text; a recording with no text
+    is left out."""
+    def touch(rel: str, text: str = "") -> None:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    touch("src/dataset-voice-kathleen/data/arctic_a0001_1592748574.txt", "Author of it.\n")
+    touch("src/dataset-voice-kathleen/data/arctic_a0002_1592748585.txt", "Not this one.")
+    touch("src/kwiiyatta/tests/data/cmu_us_slt_arctic/wav/arctic_a0001.wav")
+    touch("src/pyroomacoustics/examples/input_samples/cmu_arctic_us_aew_a0001.wav")
+    touch("src/pyroomacoustics/examples/input_samples/cmu_arctic_us_aew_a0009.wav")  # no text
+    touch("src/vits/filelists/vctk_audio_sid_text_train_filelist.txt",
+          "DUMMY2/p225/p225_003.wav|101|Six spoons of fresh snow peas.\n")
+    touch("src/vits/filelists/ljs_audio_text_val_filelist.txt",
+          "DUMMY1/LJ001-0002.wav|in being comparatively modern.\n")
+    touch("src/autovc/wavs/p225/p225_003.wav")
+    touch("src/TTS/tests/data/ljspeech/wavs/LJ001-0002.wav")
+
+    items = {it.utt_id: it for it in rs._true_text_items(tmp_path)}
+    assert {k: (v.speaker, v.text) for k, v in items.items()} == {
+        "arctic-slt-arctic_a0001": ("arctic-slt", "Author of it."),
+        "arctic-aew-cmu_arctic_us_aew_a0001": ("arctic-aew", "Author of it."),
+        "vctk-p225-p225_003": ("vctk-p225", "Six spoons of fresh snow peas."),
+        "ljspeech-LJ001-0002": ("ljspeech", "in being comparatively modern."),
+    }
+    assert {it.corpus for it in items.values()} <= rs.TRUE_TEXT_CORPORA
+
+
 @pytest.fixture(scope="module")
 def utts() -> list[rs.RealUtterance]:
     if not (ROOT / rs.CACHE_NAME).exists():
@@ -85,3 +116,6 @@ def test_split_is_disjoint_and_covers_both_sexes(utts: list[rs.RealUtterance]) -
     assert len(he) >= 8
     assert {u.sex for u in held} >= {"F", "M"}
     assert sum(u.seconds for u in train) > 3600
+    # Every speaker whose true text is known, but Kathleen, is held out.
+    assert {u.speaker for u in utts if u.corpus in rs.TRUE_TEXT_CORPORA} <= he
+    assert "kathleen" in tr

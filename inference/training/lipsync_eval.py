@@ -50,8 +50,10 @@ shifted by 8 semitones): jawOpen mean and max, jaw r where phones are known, and
 the mouth stays closed where no one speaks (95th percentile of jawOpen there below 0.1).
 
 ``--set real --root DIR`` scores recordings of real people prepared there
-(:mod:`inference.training.real_speech`): only its held-out speakers, never trained on,
-unless ``--all-speakers``. Jaw r is also
+(:mod:`inference.training.real_speech`) whose phones come from recognised text (the
+LibriSpeech excerpts); ``--set real-text`` those whose true text is known (ARCTIC, VCTK,
+LJSpeech), so that their labels carry no recognition errors. Either: only held-out
+speakers, never trained on, unless ``--all-speakers``. Jaw r is also
 given per speaker (flite: per voice), and phone names outside the table are listed in
 ``meta.unknown_phones``.
 """
@@ -475,19 +477,23 @@ def flite_set(n: int = 48, seed: int = 0, voices: Sequence[str] = ("slt", "awb",
     return out
 
 
-def real_set(root: str, heldout_only: bool = True) -> tuple[list[Clip], str]:
-    """Recordings of real people (:mod:`inference.training.real_speech`) and which of them
+def real_set(root: str, heldout_only: bool = True, text_source: str = "asr"
+             ) -> tuple[list[Clip], str]:
+    """Recordings of real people (:mod:`inference.training.real_speech`) whose text came
+    from ``text_source`` ("asr": recognised; "prompt": what was read), and which of them
     were kept: the held-out speakers, never trained on, unless ``heldout_only`` is off."""
     from inference.training.real_speech import load_real_speech, split
 
     try:
         utts = load_real_speech(root)
     except FileNotFoundError as exc:
-        raise SystemExit(f"--set real: {exc}") from exc
+        raise SystemExit(f"real speech: {exc}") from exc
     kept = "all speakers"
     if heldout_only:
         utts = split(utts)[1]
         kept = "held-out speakers (real_speech.split)"
+    utts = [u for u in utts if u.text_source == text_source]
+    kept += f", {'recognised' if text_source == 'asr' else 'true'} text"
     clips = [Clip(np.asarray(u.audio, np.float32), list(u.phones), u.speaker, u.text)
              for u in utts]
     if not clips:
@@ -741,8 +747,8 @@ def _clean_json(x: object) -> object:
 def main(argv: list[str] | None = None) -> dict[str, object]:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", choices=("flite", "real"), default="flite")
-    ap.add_argument("--root", help="recordings for --set real")
+    ap.add_argument("--set", choices=("flite", "real", "real-text"), default="flite")
+    ap.add_argument("--root", help="recordings for --set real and real-text")
     ap.add_argument("--n", type=int, help="flite: utterances (default 48, slt/awb/rms in "
                     "turn); real: keep only the first N")
     ap.add_argument("--all-speakers", action="store_true",
@@ -759,10 +765,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--out", default="out/lipsync-eval.json")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    if args.set == "real":
+    if args.set in ("real", "real-text"):
         if not args.root:
-            ap.error("--set real needs --root DIR")
-        clips, kept = real_set(args.root, not args.all_speakers)
+            ap.error(f"--set {args.set} needs --root DIR")
+        clips, kept = real_set(args.root, not args.all_speakers,
+                               "asr" if args.set == "real" else "prompt")
         clips = clips[: args.n] if args.n else clips
     else:
         clips, kept = flite_set(args.n or 48, args.seed), "slt, awb, rms (unseen speakers)"

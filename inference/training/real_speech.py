@@ -19,6 +19,40 @@ registry package carries recordings of people)::
         --source=15d828edebe06bc72b9cabc8ef8ca5ab2cb457ce -- audio_data LICENSE README.md
 
 
+Speakers whose true text is known, all held out (never trained on), so that the
+evaluation's phone labels are not the recogniser's; each a checkout restoring only
+these paths::
+
+    git clone --no-checkout https://github.com/Iselix/kwiiyatta ROOT/src/kwiiyatta
+    git -C ROOT/src/kwiiyatta restore --source=5771c88fffbcfdadb1fb5084be8af220164a01ff -- \
+        tests/data/cmu_us_clb_arctic/wav tests/data/cmu_us_clb_arctic/COPYING \
+        tests/data/cmu_us_slt_arctic/wav tests/data/cmu_us_slt_arctic/COPYING
+    git clone --no-checkout https://github.com/LCAV/pyroomacoustics ROOT/src/pyroomacoustics
+    git -C ROOT/src/pyroomacoustics restore --source=6fe43fecb7c358ac9aaa054e7e73641189f1afff -- \
+        examples/input_samples pyroomacoustics/datasets/cmu_arctic.py LICENSE
+    git clone --no-checkout https://github.com/r9y9/pysptk ROOT/src/pysptk
+    git -C ROOT/src/pysptk restore --source=65c26f5cac3caf8af031ef100c53369c3c83c5ef -- \
+        pysptk/example_audio_data pysptk/util.py
+    git clone --no-checkout https://github.com/auspicious3000/autovc ROOT/src/autovc
+    git -C ROOT/src/autovc restore --source=c1827a60e83e6d26030b8953843b2f7cf2bd36db -- \\
+        wavs LICENSE
+    git clone --no-checkout https://github.com/jaywalnut310/vits ROOT/src/vits
+    git -C ROOT/src/vits restore --source=2e561ba58618d021b5b8323d3765880f7e0ecfdb -- \\
+        filelists LICENSE
+    git clone --no-checkout https://github.com/coqui-ai/TTS ROOT/src/TTS
+    git -C ROOT/src/TTS restore --source=25c07e3d8523ae73f4f5b6053c6691672e6aeb18 -- \
+        tests/data/ljspeech
+
+* CMU ARCTIC recordings of five real speakers (CMU's COPYING: "free for use for any
+  purpose (commercial or otherwise)", kept with the notice), reading the ARCTIC prompts
+  (their text is taken from Kathleen's copies): clb and slt (US women, 9 each) from
+  kwiiyatta's test data, which ships COPYING; aew (US man) and axb (Indian English woman,
+  3 each) from pyroomacoustics' examples; awb (Scottish man, 1) from pysptk's example.
+* VCTK (CC BY 4.0): p225, p226, p227 and p228 (English, 2 F and 2 M; 10 each) from
+  autovc's sample wavs; their text is VCTK's, from vits's file lists.
+* LJSpeech (public domain): one US woman, 32 recordings from coqui TTS's test data; the
+  text is LJSpeech's, from vits's file lists.
+
 * ``dataset-voice-kathleen``: one native US English woman reading the CMU ARCTIC prompts
   (CC0; 1,620 recordings, 82 minutes; 48 kHz stereo, silence trimmed). The text is the
   prompt that was read.
@@ -81,6 +115,25 @@ HELDOUT_TEST_OTHER: tuple[str, ...] = (
     "libri-3005", "libri-3080", "libri-3331", "libri-367", "libri-533",
 )
 N_HELDOUT_CLEAN_PER_SEX = 8
+
+#: Real speakers whose true text is known, every one held out:
+#: (corpus, speaker, sex, accent, glob under ROOT/src).
+TRUE_TEXT_SPEAKERS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("arctic", "arctic-clb", "F", "US", "kwiiyatta/tests/data/cmu_us_clb_arctic/wav/*.wav"),
+    ("arctic", "arctic-slt", "F", "US", "kwiiyatta/tests/data/cmu_us_slt_arctic/wav/*.wav"),
+    ("arctic", "arctic-aew", "M", "US",
+     "pyroomacoustics/examples/input_samples/cmu_arctic_us_aew_*.wav"),
+    ("arctic", "arctic-axb", "F", "Indian",
+     "pyroomacoustics/examples/input_samples/cmu_arctic_us_axb_*.wav"),
+    ("arctic", "arctic-awb", "M", "Scottish", "pysptk/pysptk/example_audio_data/arctic_*.wav"),
+    ("vctk", "vctk-p225", "F", "English", "autovc/wavs/p225/*.wav"),
+    ("vctk", "vctk-p226", "M", "English", "autovc/wavs/p226/*.wav"),
+    ("vctk", "vctk-p227", "M", "English", "autovc/wavs/p227/*.wav"),
+    ("vctk", "vctk-p228", "F", "English", "autovc/wavs/p228/*.wav"),
+    ("ljspeech", "ljspeech", "F", "US", "TTS/tests/data/ljspeech/wavs/*.wav"),
+)
+TRUE_TEXT_CORPORA = frozenset(corpus for corpus, *_ in TRUE_TEXT_SPEAKERS)
+VITS_FILELISTS = Path("src/vits/filelists")
 
 
 @dataclass
@@ -208,6 +261,7 @@ def find_items(root: Path) -> list[_Item]:
             if txt.exists():
                 items.append(_Item("kathleen", "kathleen", "F", "US", wav.stem, str(wav),
                                    txt.read_text(encoding="utf-8").strip()))
+    items += _true_text_items(root)
     ld = root / LIBRI_DIR
     for sub in (LIBRI_TEST_OTHER, LIBRI_TRAIN_CLEAN):
         d = ld / sub
@@ -218,6 +272,30 @@ def find_items(root: Path) -> list[_Item]:
             spk = flac.stem.split("-")[0]
             items.append(_Item("librispeech", f"libri-{spk}", sexes.get(spk, ""), "",
                                flac.stem, str(flac), None))
+    return items
+
+
+def _true_text_items(root: Path) -> list[_Item]:
+    """The held-out speakers with true text: ARCTIC prompts as Kathleen's files give them,
+    VCTK and LJSpeech text from vits's file lists (a recording without text is skipped)."""
+    texts: dict[str, str] = {}
+    for txt in sorted((root / KATHLEEN_DIR).glob("arctic_*.txt")):
+        prompt = re.match(r"arctic_[ab]\d{4}", txt.stem)
+        if prompt:
+            texts.setdefault(prompt.group(0), txt.read_text(encoding="utf-8").strip())
+    for filelist in sorted((root / VITS_FILELISTS).glob("*_filelist.txt")):
+        for line in filelist.read_text(encoding="utf-8").splitlines():
+            parts = line.split("|")
+            if len(parts) >= 2:
+                texts.setdefault(Path(parts[0]).stem, parts[-1].strip())
+    items: list[_Item] = []
+    for corpus, speaker, sex, accent, pattern in TRUE_TEXT_SPEAKERS:
+        for wav in sorted((root / "src").glob(pattern)):
+            prompt = re.search(r"[ab]\d{4}$", wav.stem)  # arctic_a0001, cmu_arctic_us_aew_a0001
+            key = f"arctic_{prompt.group(0)}" if corpus == "arctic" and prompt else wav.stem
+            if key in texts:
+                items.append(_Item(corpus, speaker, sex, accent, f"{speaker}-{wav.stem}",
+                                   str(wav), texts[key]))
     return items
 
 
@@ -429,10 +507,12 @@ def load_real_speech(root: str | Path) -> list[RealUtterance]:
 
 
 def heldout_speakers(utts: list[RealUtterance]) -> set[str]:
-    """Speakers never trained on: LibriSpeech test-other (10) and 8 F + 8 M of the
-    train-clean-100 speakers (lowest speaker numbers of each sex)."""
+    """Speakers never trained on: LibriSpeech test-other (10), 8 F + 8 M of the
+    train-clean-100 speakers (lowest speaker numbers of each sex), and every speaker whose
+    true text is known but Kathleen (:data:`TRUE_TEXT_SPEAKERS`)."""
     present = {u.speaker for u in utts}
     held = {s for s in HELDOUT_TEST_OTHER if s in present}
+    held.update(u.speaker for u in utts if u.corpus in TRUE_TEXT_CORPORA)
     clean = sorted({(int(u.speaker.split("-")[1]), u.speaker, u.sex) for u in utts
                     if u.corpus == "librispeech" and u.speaker not in HELDOUT_TEST_OTHER})
     for sex in ("F", "M"):
