@@ -1,4 +1,4 @@
-"""Recordings of real people with phone timings (issue 11), for training and evaluation.
+r"""Recordings of real people with phone timings (issue 11), for training and evaluation.
 
 The audio head is otherwise trained on synthetic speech only (:mod:`.corpus`). This
 module turns recordings of real people (large, so they live outside the repository,
@@ -34,10 +34,10 @@ these paths::
     git -C ROOT/src/pysptk restore --source=65c26f5cac3caf8af031ef100c53369c3c83c5ef -- \
         pysptk/example_audio_data pysptk/util.py
     git clone --no-checkout https://github.com/auspicious3000/autovc ROOT/src/autovc
-    git -C ROOT/src/autovc restore --source=c1827a60e83e6d26030b8953843b2f7cf2bd36db -- \\
+    git -C ROOT/src/autovc restore --source=c1827a60e83e6d26030b8953843b2f7cf2bd36db -- \
         wavs LICENSE
     git clone --no-checkout https://github.com/jaywalnut310/vits ROOT/src/vits
-    git -C ROOT/src/vits restore --source=2e561ba58618d021b5b8323d3765880f7e0ecfdb -- \\
+    git -C ROOT/src/vits restore --source=2e561ba58618d021b5b8323d3765880f7e0ecfdb -- \
         filelists LICENSE
     git clone --no-checkout https://github.com/coqui-ai/TTS ROOT/src/TTS
     git -C ROOT/src/TTS restore --source=25c07e3d8523ae73f4f5b6053c6691672e6aeb18 -- \
