@@ -139,11 +139,11 @@ async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
 
     async def one(delay: float) -> dict[str, Any]:
         await asyncio.sleep(delay)
+        speech = EncodedSpeech(packets) if packets else None
         try:
             received = await run_session(url, wav, seconds=seconds, keep=False,
                                          options={"size": size, "motion_only": motion_only},
-                                         audio=EncodedSpeech(packets) if packets else None,
-                                         count_only=packets is not None)
+                                         audio=speech, count_only=packets is not None)
         except RuntimeError as exc:
             return {"refused": str(exc)[:200]}
         if motion_only:
@@ -151,7 +151,9 @@ async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
         else:
             fps, arrivals = received.video_fps(), received.video.arrivals
         return {"session_id": received.session_id, "fps": fps,
-                "arrivals": [round(t, 4) for t in arrivals]}
+                "arrivals": [round(t, 4) for t in arrivals],
+                "late": None if speech is None else
+                [(round(t, 4), round(1000 * s, 1)) for t, s in speech.late]}
 
     # Offers spread over the first second, as real callers would arrive.
     return list(await asyncio.gather(*(one(i / max(1, sessions)) for i in range(sessions))))
@@ -191,6 +193,16 @@ def _session_row(stats: dict[str, Any], fps: float | None) -> dict[str, Any]:
             "repeated_%": round(100 * repeated / sent, 2) if sent else None,
             "pipeline_delay_ms": stats["pipeline_delay_ms"],
             "av_offset_ms": stats["av_offset_ms"]}
+
+
+def _late_ms(late: list[list[float]], t0: float, t1: float, q: float) -> float:
+    """The ``q`` quantile of how late a peer sent its 20 ms packets between ``t0`` and
+    ``t1``: ``late`` holds (time, ms) of those over ``EncodedSpeech.LATE_S``, and the
+    rest count as on time."""
+    sent = round((t1 - t0) / 0.02)
+    values = sorted((ms for t, ms in late if t0 <= t < t1), reverse=True)
+    rank = int(round((1.0 - q) * sent, 6))
+    return values[rank] if rank < len(values) else 0.0
 
 
 def _window_fps(arrivals: list[float], t0: float, t1: float) -> float:
@@ -286,6 +298,9 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], window.t0, window.t1)
                  for r in results if "fps" in r}
     fps = list(fps_by_id.values())
+    late = [r["late"] for r in results if r.get("late") is not None]
+    late_p95 = [_late_ms(x, window.t0, window.t1, 0.95) for x in late]
+    late_p99 = [_late_ms(x, window.t0, window.t1, 0.99) for x in late]
     fps_whole = [r["fps"] for r in results if "fps" in r]
 
     def delta(key: str) -> float:
@@ -331,6 +346,11 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "pipeline_delay_ms_p95_worst": worst("pipeline_delay_ms", "p95"),
         "pipeline_delay_ms_p99_worst": worst("pipeline_delay_ms", "p99"),
         "av_offset_ms_p95_worst": worst("av_offset_ms", "p95"),
+        # How late the counting peers sent their speech (a busy peer sends late, then in a
+        # burst): the server's delay above includes what its jitter buffer held of that.
+        "peer_late_ms_p95_median": round(float(np.median(late_p95)), 1) if late else None,
+        "peer_late_ms_p95_worst": round(max(late_p95), 1) if late else None,
+        "peer_late_ms_p99_worst": round(max(late_p99), 1) if late else None,
         "server_cpu_cores": None if gone else round(total_cpu, 2),
         "cpu_per_session": round(total_cpu / served, 3) if served and not gone else None,
         "cpu_by_process": {k: round(v, 2) for k, v in window.cpu.items()},

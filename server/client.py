@@ -123,11 +123,18 @@ class EncodedSpeech(MediaStreamTrack):
 
     kind = "audio"
 
+    #: Packets sent later than this past their time are recorded in ``late``.
+    LATE_S = 0.002
+
     def __init__(self, packets: list[bytes]) -> None:
         super().__init__()
         self._packets = packets
         self._n = 0
         self._start: float | None = None
+        #: (monotonic time, seconds late) of each packet that left over ``LATE_S`` after
+        #: its time: the sender's own jitter (a busy loop, then a burst to catch up), which
+        #: the server's jitter buffer then holds as extra delay.
+        self.late: list[tuple[float, float]] = []
 
     @staticmethod
     def encode_wav(path: str) -> list[bytes]:
@@ -154,6 +161,9 @@ class EncodedSpeech(MediaStreamTrack):
         delay = self._start + self._n * 0.02 - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        now = loop.time()
+        if now - self._start - self._n * 0.02 > self.LATE_S:
+            self.late.append((now, now - self._start - self._n * 0.02))
         packet = av.Packet(self._packets[self._n % len(self._packets)])
         packet.pts, packet.time_base = self._n * 960, fractions.Fraction(1, 48000)
         self._n += 1

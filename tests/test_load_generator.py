@@ -29,3 +29,20 @@ def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(s
     # The machine's cores, every tick of the window accounted for.
     assert sum(row["host_cores"].values()) == pytest.approx(os.cpu_count(), abs=0.3)
     assert row["cpu_unmeasured"] == [] and row["restarts"] == {}
+    # Two counting peers report how late they sent their speech.
+    assert 0.0 <= row["peer_late_ms_p95_median"] <= row["peer_late_ms_p95_worst"] \
+        <= row["peer_late_ms_p99_worst"]
+
+
+def test_a_peer_late_by_a_burst_shows_in_its_quantiles_only_inside_the_window():
+    """Packets over the lateness floor are listed with their times; the rest of the window's
+    20 ms packets count as on time, and packets outside the window do not count."""
+    from benchmarks.sessions import _late_ms
+
+    # A 10 s window (500 packets), one stall: 30 packets 80 down to 22 ms late, and one
+    # 300 ms late before the window opened.
+    late = [(5.0, 300.0)] + [(20.0 + 0.001 * i, 80.0 - 2.0 * i) for i in range(30)]
+    assert _late_ms(late, 10.0, 30.0, 0.99) == 60.0  # of 1,000 packets: the 11th latest
+    assert _late_ms(late, 10.0, 30.0, 0.95) == 0.0  # 30 late packets are 3% of them
+    assert _late_ms(late, 15.0, 25.0, 0.95) == 30.0  # of 500: the 26th latest
+    assert _late_ms([], 10.0, 30.0, 0.99) == 0.0
