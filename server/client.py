@@ -158,12 +158,11 @@ class EncodedSpeech(MediaStreamTrack):
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
-        delay = self._start + self._n * 0.02 - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        now = loop.time()
-        if now - self._start - self._n * 0.02 > self.LATE_S:
-            self.late.append((now, now - self._start - self._n * 0.02))
+        due = self._start + self._n * 0.02
+        if due > loop.time():
+            await asyncio.sleep(due - loop.time())
+        if (now := loop.time()) - due > self.LATE_S:
+            self.late.append((now, now - due))
         packet = av.Packet(self._packets[self._n % len(self._packets)])
         packet.pts, packet.time_base = self._n * 960, fractions.Fraction(1, 48000)
         self._n += 1
