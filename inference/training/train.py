@@ -84,9 +84,11 @@ class Copies:
 def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
                log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
                shape_weight: float = 1.0, ce_weight: float = 0.02,
-               hidden: int = 96) -> AudioHead:
+               hidden: int = 96, viseme_weight: dict[str, float] | None = None) -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
-    ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant)."""
+    ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
+    ``viseme_weight``: how much more the frames labelled with a viseme count (short,
+    strong gestures such as ``PP`` are few among the vowels)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = AudioHead(hidden=hidden)
@@ -100,6 +102,9 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     protos = torch.from_numpy(PROTOTYPES)
     weight = torch.full((PROTOTYPES.shape[1],), shape_weight)
     weight[0] = 3.0  # jawOpen is what viewers notice most
+    frame_weight = torch.ones(len(VISEMES))
+    for name, w in (viseme_weight or {}).items():
+        frame_weight[VISEMES.index(name)] = w
     step = 0
     t0 = time.time()
     for epoch in range(epochs):
@@ -110,7 +115,9 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
             target = torch.from_numpy(windows.targets[idx])
             label = torch.from_numpy(windows.labels[idx])
             pred = model(mel)
-            mse = (((pred - target) ** 2) * weight).mean()
+            per_frame = frame_weight[label][:, None]
+            mse = (((pred - target) ** 2) * weight * per_frame).sum() / (
+                per_frame.sum() * weight.numel())
             # Nearest-prototype classification is how accuracy is scored: a soft version.
             dist = ((pred[:, None, :] - protos[None]) ** 2).sum(-1)
             ce = F.cross_entropy(-dist / 0.05, label)
@@ -142,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape-weight", type=float, default=1.0)
     ap.add_argument("--ce-weight", type=float, default=0.02)
     ap.add_argument("--hidden", type=int, default=96, help="channels of the convolutions")
+    ap.add_argument("--viseme-weight", default="",
+                    help="frames of these visemes count more in the loss, e.g. PP=3,FF=2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
@@ -176,7 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
-                       hidden=args.hidden)
+                       hidden=args.hidden, viseme_weight={
+                           name: float(w) for name, _, w in
+                           (item.partition("=") for item in args.viseme_weight.split(",")
+                            if item)})
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,9 +201,12 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python -m inference.training.train" + (
             f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
             if args.real_speech else "")
-            + (f" --hidden {args.hidden}" if args.hidden != 96 else ""), "seed": args.seed,
+            + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
+            + (f" --viseme-weight {args.viseme_weight}" if args.viseme_weight else ""),
+        "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
+        "viseme_weight": args.viseme_weight or None,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
