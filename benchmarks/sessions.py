@@ -195,14 +195,14 @@ def _session_row(stats: dict[str, Any], fps: float | None) -> dict[str, Any]:
             "av_offset_ms": stats["av_offset_ms"]}
 
 
-def _late_ms(late: list[list[float]], t0: float, t1: float, q: float) -> float:
-    """The ``q`` quantile of how late a peer sent its 20 ms packets between ``t0`` and
-    ``t1``: ``late`` holds (time, ms) of those over ``EncodedSpeech.LATE_S``, and the
-    rest count as on time."""
-    sent = round((t1 - t0) / 0.02)
+def _late_ms(late: list[list[float]], t0: float, t1: float, *qs: float) -> list[float]:
+    """The ``qs`` quantiles of how late a peer sent its packets between ``t0`` and ``t1``:
+    ``late`` holds (time, ms) of those over ``EncodedSpeech.LATE_S``, and the rest count
+    as on time."""
+    sent = round((t1 - t0) / EncodedSpeech.PERIOD_S)
     values = sorted((ms for t, ms in late if t0 <= t < t1), reverse=True)
-    rank = int(round((1.0 - q) * sent, 6))
-    return values[rank] if rank < len(values) else 0.0
+    ranks = (int(round((1.0 - q) * sent, 6)) for q in qs)
+    return [values[rank] if rank < len(values) else 0.0 for rank in ranks]
 
 
 def _window_fps(arrivals: list[float], t0: float, t1: float) -> float:
@@ -298,9 +298,9 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], window.t0, window.t1)
                  for r in results if "fps" in r}
     fps = list(fps_by_id.values())
-    late = [r["late"] for r in results if r.get("late") is not None]
-    late_p95 = [_late_ms(x, window.t0, window.t1, 0.95) for x in late]
-    late_p99 = [_late_ms(x, window.t0, window.t1, 0.99) for x in late]
+    late = [_late_ms(r["late"], window.t0, window.t1, 0.95, 0.99)
+            for r in results if r.get("late") is not None]
+    late_p95, late_p99 = [q for q, _ in late], [q for _, q in late]
     fps_whole = [r["fps"] for r in results if "fps" in r]
 
     def delta(key: str) -> float:

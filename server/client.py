@@ -123,7 +123,9 @@ class EncodedSpeech(MediaStreamTrack):
 
     kind = "audio"
 
-    #: Packets sent later than this past their time are recorded in ``late``.
+    #: One packet's speech; packets sent later than ``LATE_S`` past their time are
+    #: recorded in ``late``.
+    PERIOD_S = 0.02
     LATE_S = 0.002
 
     def __init__(self, packets: list[bytes]) -> None:
@@ -158,7 +160,7 @@ class EncodedSpeech(MediaStreamTrack):
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
-        due = self._start + self._n * 0.02
+        due = self._start + self._n * self.PERIOD_S
         if due > loop.time():
             await asyncio.sleep(due - loop.time())
         if (now := loop.time()) - due > self.LATE_S:

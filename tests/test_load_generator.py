@@ -42,7 +42,8 @@ def test_a_peer_late_by_a_burst_shows_in_its_quantiles_only_inside_the_window():
     # A 10 s window (500 packets), one stall: 30 packets 80 down to 22 ms late, and one
     # 300 ms late before the window opened.
     late = [(5.0, 300.0)] + [(20.0 + 0.001 * i, 80.0 - 2.0 * i) for i in range(30)]
-    assert _late_ms(late, 10.0, 30.0, 0.99) == 60.0  # of 1,000 packets: the 11th latest
-    assert _late_ms(late, 10.0, 30.0, 0.95) == 0.0  # 30 late packets are 3% of them
-    assert _late_ms(late, 15.0, 25.0, 0.95) == 30.0  # of 500: the 26th latest
-    assert _late_ms([], 10.0, 30.0, 0.99) == 0.0
+    assert _late_ms(late, 10.0, 30.0, 0.99, 0.95) == [
+        60.0,  # of 1,000 packets: the 11th latest
+        0.0]  # 30 late packets are 3% of them
+    assert _late_ms(late, 15.0, 25.0, 0.95) == [30.0]  # of 500: the 26th latest
+    assert _late_ms([], 10.0, 30.0, 0.99) == [0.0]

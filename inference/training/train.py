@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,6 +59,24 @@ def training_clips(train: list[Utterance], seed: int, n_noise: int, eq_db: float
     return clips, counts
 
 
+def _named_values(text: str, cast: type) -> dict[str, Any]:
+    """``name=value,...`` as a dict (ValueError if a value does not cast)."""
+    pairs = (item.partition("=") for item in text.split(",") if item.strip())
+    return {name.strip(): cast(value) for name, _, value in pairs}
+
+
+def viseme_weights(text: str) -> dict[str, float]:
+    """``--viseme-weight``: ``VISEME=W,...`` (names from ``visemes.VISEMES``)."""
+    try:
+        weights = _named_values(text, float)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give VISEME=W,...") from None
+    unknown = sorted(set(weights) - set(VISEMES))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown visemes {unknown}; known: {VISEMES}")
+    return weights
+
+
 @dataclass(frozen=True)
 class Copies:
     """How many times each real recording enters training: ``N`` for every corpus, or
@@ -72,8 +91,7 @@ class Copies:
         try:
             if "=" not in text:
                 return cls(text, int(text))
-            pairs = (item.partition("=") for item in text.split(",") if item.strip())
-            return cls(text, 1, {corpus.strip(): int(n) for corpus, _, n in pairs})
+            return cls(text, 1, _named_values(text, int))
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: give N or corpus=N,...") from None
 
@@ -149,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape-weight", type=float, default=1.0)
     ap.add_argument("--ce-weight", type=float, default=0.02)
     ap.add_argument("--hidden", type=int, default=96, help="channels of the convolutions")
-    ap.add_argument("--viseme-weight", default="",
+    ap.add_argument("--viseme-weight", type=viseme_weights, default={},
                     help="frames of these visemes count more in the loss, e.g. PP=3,FF=2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
@@ -185,10 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
-                       hidden=args.hidden, viseme_weight={
-                           name: float(w) for name, _, w in
-                           (item.partition("=") for item in args.viseme_weight.split(",")
-                            if item)})
+                       hidden=args.hidden, viseme_weight=args.viseme_weight)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -202,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
             f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
             if args.real_speech else "")
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
-            + (f" --viseme-weight {args.viseme_weight}" if args.viseme_weight else ""),
+            + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
+               if args.viseme_weight else ""),
         "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
