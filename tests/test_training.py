@@ -35,7 +35,7 @@ from inference.training.visemes import (
     frame_targets,
     segments_from_phonemes,
 )
-from inference.training.windows import make_windows
+from inference.training.windows import Windows, make_windows
 
 WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
@@ -130,6 +130,32 @@ def test_viseme_targets_closed_in_silence_open_on_vowels() -> None:
     closure = targets[19:22, SPEECH.index("mouthClose")].max()  # p at 0.8-0.9 s, led 40 ms
     assert closure > 0.4
     assert frame_targets([Segment(0, 1, V["sil"])], 25)[0].max() == 0.0
+
+
+def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(
+        tmp_path: Path, sentence: Utterance) -> None:
+    """Windows saved on the machine with the synthesizers load (on a GPU host) with the
+    same targets and a mel within half an 8-bit step of what the head would read."""
+    from inference.training.train import main
+
+    built = make_windows([(sentence.audio, sentence.phones), (np.zeros(SR, np.float32), None)])
+    path = tmp_path / "w.npz"
+    built.save(path, {"command": "python -m inference.training.train", "description": {}})
+    loaded, meta = Windows.load(path)
+    low, high = AudioHead.mel_range
+    step = (high - low) / 255
+    want = np.clip(built.mel.astype(np.float32), low, high)
+    assert np.abs(loaded.mel.astype(np.float32) - want).max() <= step / 2 + 0.01
+    assert np.array_equal(loaded.targets, built.targets)
+    assert np.array_equal(loaded.labels, built.labels)
+    assert meta["command"] == "python -m inference.training.train"
+    idx = np.array([0, 7, loaded.starts.size - 1])
+    assert torch.equal(loaded.batcher(torch.device("cpu"))(idx), loaded.batch(idx))
+    main(["--windows", str(path), "--no-eval", "--epochs", "1", "--batch", "32",
+          "--out", str(tmp_path / "head.pt")])
+    head = AudioHead.from_weights(tmp_path / "head.pt")
+    with torch.no_grad():
+        assert torch.isfinite(head(loaded.batch(idx))).all()
 
 
 def test_augmentations_keep_length_and_finite() -> None:

@@ -52,6 +52,9 @@ class AudioHead(nn.Module):
     #: gave no held-out gain (held-out synth jaw r 0.761 vs 0.766) and cost held-out espeak
     #: voices a little (0.858 vs 0.867).
     tilt_norm: bool = False
+    #: log10 mel power the head reads: the features' floor (digital silence) to far
+    #: above full scale; NaN reads as silence.
+    mel_range: tuple[float, float] = (-10.0, 6.0)
 
     def __init__(self, timing: FrameTiming = TIMING, hidden: int = 96,
                  sigma_frames: float = 1.5) -> None:
@@ -83,10 +86,13 @@ class AudioHead(nn.Module):
         head.load_state_dict(state)
         return head.eval()
 
+    def _clean(self, mel: Tensor) -> Tensor:
+        low, high = self.mel_range
+        return torch.where(torch.isnan(mel), torch.full_like(mel, low), mel).clamp(low, high)
+
     def features(self, mel: Tensor) -> Tensor:
         """(B, T, n_mels) log-mel -> (B, n_mels + 2, T) level-normalised channels."""
-        mel = torch.where(torch.isnan(mel), torch.full_like(mel, -10.0), mel)
-        mel = mel.clamp(-10.0, 6.0)
+        mel = self._clean(mel)
         energy = torch.logsumexp(mel * LN10, dim=2) / LN10  # (B, T) log10 summed power
         peak = energy.max(dim=1, keepdim=True).values  # (B, 1)
         rel = (mel - peak[:, :, None]).clamp(min=-self.floor_bels)
@@ -109,8 +115,7 @@ class AudioHead(nn.Module):
         for block in self.blocks:
             h = h + F.gelu(block(h))
         coeffs = torch.sigmoid(self.out(h)).transpose(1, 2)
-        clean = torch.where(torch.isnan(mel), torch.full_like(mel, -10.0), mel).clamp(-10.0, 6.0)
-        peak = (torch.logsumexp(clean * LN10, dim=2) / LN10).max(dim=1).values
+        peak = (torch.logsumexp(self._clean(mel) * LN10, dim=2) / LN10).max(dim=1).values
         gate = torch.sigmoid((peak - self.gate_bels) / self.gate_width)
         return coeffs, gate
 

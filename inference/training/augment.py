@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fractions
 
-import av
 import numpy as np
 from scipy.signal import butter, fftconvolve, firwin2, lfilter, resample_poly, sosfilt
 
@@ -108,6 +107,8 @@ def speed_perturb(x: np.ndarray, factor: float) -> np.ndarray:
 
 def opus_round_trip(x: np.ndarray, bitrate: int = 24000) -> np.ndarray:
     """Encode with libopus at 48 kHz (20 ms frames, as WebRTC) and decode, back at 16 kHz."""
+    import av  # here, so training imports without PyAV (a bare GPU host)
+
     pcm48 = np.clip(resample_poly(x, 3, 1), -1.0, 1.0)
     pcm = (pcm48 * 32767.0).astype(np.int16)
     n = 960
@@ -141,6 +142,8 @@ def opus_round_trip(x: np.ndarray, bitrate: int = 24000) -> np.ndarray:
 def server_resample(x: np.ndarray, rate: int) -> np.ndarray:
     """Audio at ``rate`` to 16 kHz the way the server does: PyAV to 48 kHz s16 on ingest,
     then PyAV to 16 kHz s16 for the features."""
+    import av  # here, so training imports without PyAV (a bare GPU host)
+
     def resample(pcm: np.ndarray, src: int, dst: int) -> np.ndarray:
         r = av.AudioResampler(format="s16", layout="mono", rate=dst)
         frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")

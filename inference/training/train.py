@@ -25,7 +25,6 @@ from torch.nn import functional as F
 from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
 from inference.training import augment
 from inference.training.corpus import build_corpus
-from inference.training.evaluate import evaluate_all
 from inference.training.visemes import PROTOTYPES, VISEMES
 from inference.training.windows import Windows, make_windows
 from inference.tts import SAMPLE_RATE, Utterance
@@ -102,37 +101,42 @@ class Copies:
 def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: int,
                log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
                shape_weight: float = 1.0, ce_weight: float = 0.02,
-               hidden: int = 96, viseme_weight: dict[str, float] | None = None) -> AudioHead:
+               hidden: int = 96, viseme_weight: dict[str, float] | None = None,
+               device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
     ``viseme_weight``: how much more the frames labelled with a viseme count (short,
-    strong gestures such as ``PP`` are few among the vowels)."""
+    strong gestures such as ``PP`` are few among the vowels). Returned on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = AudioHead(hidden=hidden)
+    device = torch.device(device)
+    model = AudioHead(hidden=hidden).to(device)
     model.tilt_norm = tilt_norm
+    batch_of = windows.batcher(device)
+    targets = torch.from_numpy(windows.targets).to(device)
+    labels = torch.from_numpy(windows.labels).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     n = windows.starts.size
     steps_per_epoch = n // batch
     total = epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total,
                                                 pct_start=0.05)
-    protos = torch.from_numpy(PROTOTYPES)
+    protos = torch.from_numpy(PROTOTYPES).to(device)
     weight = torch.full((PROTOTYPES.shape[1],), shape_weight)
     weight[0] = 3.0  # jawOpen is what viewers notice most
     frame_weight = torch.ones(len(VISEMES))
     for name, w in (viseme_weight or {}).items():
         frame_weight[VISEMES.index(name)] = w
+    weight, frame_weight = weight.to(device), frame_weight.to(device)
     step = 0
     t0 = time.time()
     for epoch in range(epochs):
         order = rng.permutation(n)
         for b in range(steps_per_epoch):
             idx = order[b * batch : (b + 1) * batch]
-            mel = windows.batch(idx)
-            target = torch.from_numpy(windows.targets[idx])
-            label = torch.from_numpy(windows.labels[idx])
-            pred = model(mel)
+            rows = torch.from_numpy(idx).to(device)
+            target, label = targets[rows], labels[rows]
+            pred = model(batch_of(idx))
             per_frame = frame_weight[label][:, None]
             mse = (((pred - target) ** 2) * weight * per_frame).sum() / (
                 per_frame.sum() * weight.numel())
@@ -148,7 +152,42 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
             if step % log_every == 0:
                 print(f"epoch {epoch} step {step}/{total} mse {mse.item():.4f} "
                       f"ce {ce.item():.3f} {time.time() - t0:.0f}s", flush=True)
-    return model.eval()
+    return model.cpu().eval()
+
+
+def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
+    """The training windows, and what they were made of (for the weights' JSON)."""
+    t_start = time.time()
+    corpus = build_corpus(args.n_train, args.n_eval, args.seed, args.cache, args.n_festival)
+    print(f"corpus: {corpus.describe()} ({time.time() - t_start:.0f}s)", flush=True)
+    train = list(corpus.train)
+    real: dict[str, object] = {}
+    if args.real_speech:
+        from inference.training.real_speech import describe, load_real_speech, split
+
+        recordings = load_real_speech(Path(args.real_speech))
+        train += [u for u in split(recordings)[0] for _ in range(args.real_copies(u.corpus))]
+        real = describe(recordings)
+        print(f"real speech: {real}", flush=True)
+    clips, aug_counts = training_clips(train, args.seed, n_noise=len(train) // 25,
+                                       eq_db=args.eq_db, speed=(args.speed_min, args.speed_max))
+    command = "python -m inference.training.train" + (
+        f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
+        if args.real_speech else "")
+    description = {
+        "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
+        "corpus": corpus.describe(),
+        "real_speech": real or None,
+        "augmentation": {
+            "copies": f"each utterance once clean (random EQ up to {args.eq_db:g} dB p=0.5, "
+                      "peak -30..-1 dBFS) and once speed-perturbed "
+                      f"x{args.speed_min:g}-{args.speed_max:g} (p=0.6) then "
+                      f"augment.random_chain (EQ up to {args.eq_db:g} dB)",
+            "applied_counts": aug_counts,
+            "non_speech_clips": len(clips) - 2 * len(train),
+        },
+    }
+    return make_windows(clips), {"command": command, "description": description}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-train", type=int, default=1600)
     ap.add_argument("--n-eval", type=int, default=160)
     ap.add_argument("--n-festival", type=int, default=800)
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=8,
+                    help="0: only build the training windows (with --windows, to save them)")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--seed", type=int, default=0)
@@ -180,78 +220,77 @@ def main(argv: list[str] | None = None) -> None:
                          "kathleen=1,librispeech=4 (one reader's 93 minutes would "
                          "otherwise outweigh 235 speakers' 51)")
     ap.add_argument("--out", default=str(HEAD_WEIGHTS))
+    ap.add_argument("--windows", metavar="FILE.npz", default=None,
+                    help="train from the windows saved here, or build them and save them "
+                         "here: build on a machine with the synthesizers, train on one "
+                         "with a GPU")
+    ap.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    ap.add_argument("--no-eval", action="store_true",
+                    help="skip the held-out synthetic evaluation (it needs the corpus)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t_start = time.time()
-    corpus = build_corpus(args.n_train, args.n_eval, args.seed, args.cache, args.n_festival)
-    t_corpus = time.time() - t_start
-    print(f"corpus: {corpus.describe()} ({t_corpus:.0f}s)", flush=True)
-    train = list(corpus.train)
-    real: dict[str, object] = {}
-    if args.real_speech:
-        from inference.training.real_speech import describe, load_real_speech, split
-
-        recordings = load_real_speech(Path(args.real_speech))
-        train += [u for u in split(recordings)[0] for _ in range(args.real_copies(u.corpus))]
-        real = describe(recordings)
-        print(f"real speech: {real}", flush=True)
-    clips, aug_counts = training_clips(train, args.seed, n_noise=len(train) // 25,
-                                       eq_db=args.eq_db, speed=(args.speed_min, args.speed_max))
-    windows = make_windows(clips)
+    saved = Path(args.windows) if args.windows else None
+    if saved is not None and saved.exists():
+        windows, data = Windows.load(saved)
+        print(f"{windows.starts.size} training windows from {saved}", flush=True)
+    else:
+        windows, data = training_data(args)
+        if saved is not None:
+            windows.save(saved, data)
     t_data = time.time() - t_start
     print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
+    if args.epochs == 0:
+        return
     model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
-                       hidden=args.hidden, viseme_weight=args.viseme_weight)
+                       hidden=args.hidden, viseme_weight=args.viseme_weight,
+                       device=args.device)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out)
 
-    metrics = evaluate_all(model, corpus, seed=args.seed)
+    metrics = None
+    if not args.no_eval:
+        corpus = build_corpus(args.n_train, args.n_eval, args.seed, args.cache, args.n_festival)
+        from inference.training.evaluate import evaluate_all
+
+        metrics = evaluate_all(model, corpus, seed=args.seed)
     params = sum(p.numel() for p in model.parameters())
     desc = {
         "model": "AudioHead", "parameters": params, "weights": out.name,
-        "command": "python -m inference.training.train" + (
-            f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
-            if args.real_speech else "")
+        "command": data["command"]
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
+            + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
                if args.viseme_weight else ""),
+        "device": args.device,
         "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "viseme_weight": args.viseme_weight or None,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
-        "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
-        "corpus": corpus.describe(),
-        "real_speech": real or None,
-        "augmentation": {
-            "copies": f"each utterance once clean (random EQ up to {args.eq_db:g} dB p=0.5, "
-                      "peak -30..-1 dBFS) and once speed-perturbed "
-                      f"x{args.speed_min:g}-{args.speed_max:g} (p=0.6) then "
-                      f"augment.random_chain (EQ up to {args.eq_db:g} dB)",
-            "applied_counts": aug_counts,
-            "non_speech_clips": len(clips) - 2 * len(train),
-        },
+        **data["description"],
         "targets": {"visemes": list(VISEMES), "anticipation_s": 0.04, "blend_sigma_s": 0.03},
-        "seconds": {"corpus": round(t_corpus), "features": round(t_data - t_corpus),
-                    "training": round(t_train - t_data), "total": round(time.time() - t_start)},
+        "seconds": {"data": round(t_data), "training": round(t_train - t_data),
+                    "total": round(time.time() - t_start)},
         "headline_heldout_synth": {
             "set": "heldout_synth_slt_awb_rms",
             "why": "festival's kal_diphone (a training voice) and flite's kal16 are the same "
                    "speaker (KAL), so kal16 is not an unseen speaker: the headline "
                    "held-out-synthesizer figure is over flite slt, awb and rms only; "
                    "heldout_synth (all four) and heldout_synth_kal16 are reported too",
-            "clean": metrics["trained"].get("heldout_synth_slt_awb_rms/clean"),
+            "clean": metrics["trained"].get("heldout_synth_slt_awb_rms/clean")
+            if metrics else None,
         },
         "metrics": metrics,
     }
     Path(str(out.with_suffix(".json"))).write_text(json.dumps(desc, indent=2) + "\n")
     print(json.dumps(desc["seconds"]))
-    if not math.isfinite(float(metrics["trained"]["heldout_synth/clean"]["jaw_r"])):
+    if metrics and not math.isfinite(float(metrics["trained"]["heldout_synth/clean"]["jaw_r"])):
         raise SystemExit("training produced non-finite metrics")
 
 
