@@ -129,7 +129,7 @@ def test_score_set_on_a_perfect_predictor() -> None:
     c[:, JAW] = tg[:, 0]
     c[:, SPEECH.index("mouthClose")] = tg[:, 1]
     c[:, SPEECH.index("mouthPucker")] = tg[:, 2]
-    s = le.score_set([c], [PHONES], lead_s=0.0)
+    s = le.score_set([c], [PHONES], le.NO_LEAD)
     assert s["jaw"]["best_lag_ms"] == 0 and s["jaw"]["r_lag0"] == pytest.approx(1.0)
     assert s["closure"]["best_lag_ms"] == 0
     assert s["auc"]["closure_pbm_vs_tdkgnng"]["auc"] == 1.0
@@ -139,6 +139,31 @@ def test_score_set_on_a_perfect_predictor() -> None:
 
 
 # ---------------------------------------------------------------------------- baseline, data
+def test_each_articulator_is_read_at_its_own_lead() -> None:
+    """A jaw that shows the sound 20 ms ahead and lips that show it 40 ms ahead score r 1
+    at their own designed leads, and the AUCs read the lips at theirs."""
+    centres = le.frame_centres(N_FRAMES)
+    c = np.zeros((N_FRAMES, len(SPEECH)), np.float32)
+    c[:, JAW] = le.phone_targets(PHONES, centres + 0.02)[:, 0]
+    lips = le.phone_targets(PHONES, centres + 0.04)
+    c[:, SPEECH.index("mouthClose")] = lips[:, 1]
+    c[:, SPEECH.index("mouthPucker")] = lips[:, 2]
+    s = le.score_set([c], [PHONES], le.Leads(jaw=0.02, lips=0.04))
+    assert s["jaw"]["designed_lead_ms"] == 20 and s["closure"]["designed_lead_ms"] == 40
+    assert s["jaw"]["r_designed_lead"] == pytest.approx(1.0)
+    assert s["closure"]["r_designed_lead"] == pytest.approx(1.0)
+    assert s["rounding"]["r_designed_lead"] == pytest.approx(1.0)
+    assert s["jaw"]["r_lag0"] < 0.99
+    assert s["auc"]["rounding_rounded_vs_spread"]["auc"] == 1.0
+
+
+def test_a_head_says_its_leads_and_an_older_one_its_single_anticipation() -> None:
+    assert le.head_leads({"targets": {"leads_s": {"jaw": 0.02, "lips": 0.04}}}) == \
+        le.Leads(0.02, 0.04)
+    assert le.head_leads({"targets": {"anticipation_s": 0.04}}) == le.Leads(0.04, 0.04)
+    assert le.head_leads(None) == le.LEADS
+
+
 def test_loudness_baseline() -> None:
     assert not le.loudness_baseline(np.zeros(SAMPLE_RATE, np.float32), 25).any()
     t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
@@ -175,7 +200,10 @@ def test_end_to_end_on_two_flite_utterances(tmp_path) -> None:
     out = tmp_path / "eval.json"
     report = le.main(["--n", "2", "--no-bad-inputs", "--out", str(out)])
     data = json.loads(out.read_text())  # strict JSON: NaN written as null
-    assert data["meta"]["clips"] == 2 and data["meta"]["designed_lead_ms"] == 40.0
+    shipped = le.ModelRunner().leads()
+    assert data["meta"]["clips"] == 2
+    assert data["meta"]["designed_leads_ms"] == {"jaw": 1000 * shipped.jaw,
+                                                 "lips": 1000 * shipped.lips}
     for cond in ("clean", "degraded"):
         model, loud = (report["results"][cond][s] for s in ("model", "loudness"))
         assert 0.3 < model["jaw"]["r_designed_lead"] <= 1.0

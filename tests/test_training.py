@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from inference.engine import FeatureSpec
+from inference.features import log_mel
 from inference.model.timing import TIMING
 from inference.tts import (
     SAMPLE_RATE,
@@ -30,6 +31,8 @@ from inference.training.corpus import alignment_check
 from inference.training.visemes import (
     _TABLE,
     _TRANSPARENT,
+    LEADS,
+    Leads,
     Segment,
     V,
     frame_targets,
@@ -132,6 +135,25 @@ def test_viseme_targets_closed_in_silence_open_on_vowels() -> None:
     assert frame_targets([Segment(0, 1, V["sil"])], 25)[0].max() == 0.0
 
 
+def test_the_jaw_and_the_lips_each_lead_the_sound_by_their_own_lead() -> None:
+    """With the jaw led 0 ms and the lips 80 ms, an open vowel after silence opens the
+    jaw two frames later than the lips leave rest; the lips' own shapes are those of
+    one lead for both."""
+    phones = [(0.0, 0.6, "pau"), (0.6, 1.2, "ae"), (1.2, 2.0, "pau")]
+    segs = segments_from_phonemes(phones)
+    same, _ = frame_targets(segs, 50, leads=Leads(0.08, 0.08))
+    split, labels = frame_targets(segs, 50, leads=Leads(jaw=0.0, lips=0.08))
+    lips = [k for k in range(len(SPEECH)) if k != JAW]
+    assert np.array_equal(split[:, lips], same[:, lips])
+    stretch = split[:, SPEECH.index("mouthStretchLeft")]
+    jaw_opens, lips_spread = (int(np.argmax(x > 0.5 * x.max())) for x in (split[:, JAW],
+                                                                          stretch))
+    assert jaw_opens - lips_spread == 2  # 80 ms at 25 fps
+    assert labels[lips_spread + 1] == V["AE"]
+    with pytest.raises(ValueError, match="jaw lead"):
+        Leads(jaw=-0.01)
+
+
 def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(
         tmp_path: Path, sentence: Utterance) -> None:
     """Windows saved on the machine with the synthesizers load (on a GPU host) with the
@@ -140,7 +162,9 @@ def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(
 
     built = make_windows([(sentence.audio, sentence.phones), (np.zeros(SR, np.float32), None)])
     path = tmp_path / "w.npz"
-    built.save(path, {"command": "python -m inference.training.train", "description": {}})
+    leads = {"jaw": LEADS.jaw, "lips": LEADS.lips}
+    built.save(path, {"command": "python -m inference.training.train",
+                      "description": {"targets": {"leads_s": leads}}})
     loaded, meta = Windows.load(path)
     low, high = AudioHead.mel_range
     step = (high - low) / 255
@@ -153,6 +177,9 @@ def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(
     assert torch.equal(loaded.batcher(torch.device("cpu"))(idx), loaded.batch(idx))
     main(["--windows", str(path), "--no-eval", "--epochs", "1", "--batch", "32",
           "--out", str(tmp_path / "head.pt")])
+    with pytest.raises(SystemExit):  # its targets were led otherwise: not trained on
+        main(["--windows", str(path), "--no-eval", "--jaw-lead-ms", "10",
+              "--out", str(tmp_path / "other.pt")])
     head = AudioHead.from_weights(tmp_path / "head.pt")
     with torch.no_grad():
         assert torch.isfinite(head(loaded.batch(idx))).all()
@@ -171,6 +198,26 @@ def test_augmentations_keep_length_and_finite() -> None:
     onset = int(np.argmax(np.abs(y) > 0.05))
     assert abs(onset - int(np.argmax(np.abs(x) > 0.05))) < 16  # pre-skip removed: < 1 ms
     assert np.corrcoef(x[SR // 2 + 800 :], y[SR // 2 + 800 :])[0, 1] > 0.9
+
+
+def test_a_warped_vocal_tract_moves_a_formant_up_or_down_the_mel_bands() -> None:
+    """VTLP: a tone's mel peak read through a warp of 1.15 lies above where it was, one
+    of 0.85 below, and a warp of 1 leaves the mel as it is."""
+    from inference.training.train import warp_bands
+
+    t = np.arange(SR) / SR
+    mel = torch.from_numpy(log_mel((0.3 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32),
+                                   TIMING.features)[None, 10:42])
+    table = torch.from_numpy(augment.vtlp_table(TIMING.features, 0.15, steps=3))
+    low, same, high = (warp_bands(mel, table[k][None]) for k in range(3))
+    assert torch.allclose(same, mel, atol=1e-5)
+
+    def peak(m: torch.Tensor) -> int:
+        return int(m[0].mean(0).argmax())
+
+    assert peak(low) < peak(mel) < peak(high)
+    centres = augment.mel_centres_hz(TIMING.features)
+    assert centres[peak(high)] / centres[peak(mel)] == pytest.approx(1.15, rel=0.08)
 
 
 def test_shipped_head_silence_and_bad_inputs(head: AudioHead) -> None:

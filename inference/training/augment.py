@@ -13,6 +13,7 @@ import fractions
 import numpy as np
 from scipy.signal import butter, fftconvolve, firwin2, lfilter, resample_poly, sosfilt
 
+from inference.engine import FeatureSpec
 from inference.tts import SAMPLE_RATE
 
 #: libopus's encoder look-ahead at 48 kHz (the Ogg pre-skip), removed after decoding.
@@ -227,3 +228,35 @@ def music(t: np.ndarray, rng: np.random.Generator, chords: bool = True) -> np.nd
             for h in range(1, 6):
                 x[seg] += env * np.sin(2 * np.pi * f * h * tt) / h
     return x.astype(np.float32)
+
+
+def _slaney_mel(hz: np.ndarray) -> np.ndarray:
+    """Hz to Slaney mels (librosa's default scale: linear to 1 kHz, logarithmic above)."""
+    hz = np.asarray(hz, np.float64)
+    log = 15.0 + np.log(np.maximum(hz, 1e-9) / 1000.0) / (np.log(6.4) / 27.0)
+    return np.where(hz >= 1000.0, log, hz / (200.0 / 3.0))
+
+
+def _slaney_hz(mel: np.ndarray) -> np.ndarray:
+    mel = np.asarray(mel, np.float64)
+    return np.where(mel >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (mel - 15.0)),
+                    mel * (200.0 / 3.0))
+
+
+def mel_centres_hz(spec: FeatureSpec) -> np.ndarray:
+    """Centre frequency of each mel band of ``log_mel`` (as ``librosa.mel_frequencies``)."""
+    edges = np.linspace(_slaney_mel(spec.fmin), _slaney_mel(spec.fmax), spec.n_mels + 2)
+    return _slaney_hz(edges)[1:-1]
+
+
+def vtlp_table(spec: FeatureSpec, max_warp: float, steps: int = 21) -> np.ndarray:
+    """Vocal tract length perturbation in the mel domain: for each warp factor ``a`` in
+    ``[1 - max_warp, 1 + max_warp]``, the (fractional) source band of each output band,
+    so that what the speech had at ``f`` shows at ``a * f`` (formants of a shorter or
+    longer vocal tract); (steps, n_mels). Speakers differ most in where their formants
+    lie, which the mouth's shape does not depend on."""
+    centres = mel_centres_hz(spec)
+    bands = np.arange(spec.n_mels, dtype=np.float64)
+    factors = np.linspace(1.0 - max_warp, 1.0 + max_warp, steps)
+    return np.stack([np.interp(centres / a, centres, bands) for a in factors]).astype(
+        np.float32)

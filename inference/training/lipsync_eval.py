@@ -15,22 +15,23 @@ Two systems side by side on speech with phone timings:
   and 0 below -60 dBFS; every other shape 0. It knows nothing of speech.
 
 Video frame ``i`` covers ``[i, i+1) / 25`` s of input and is scored at its centre. The
-model is trained to lead the sound by ``visemes.ANTICIPATION_S`` (40 ms, which its 40 ms
-feature look-ahead makes possible); its ``designed lead``. Segment scores read each
-system at its designed timing: frame ``i`` stands for the sound at ``centre + lead``
-(model 40 ms, loudness 0).
+model is trained to lead the sound (``visemes.Leads``: the jaw by one lead, the lips by
+another, within its 40 ms feature look-ahead); its ``designed leads``, read from the
+head's JSON beside its weights. Each articulator is read at its own designed lead: frame
+``i`` stands for the sound at ``centre + lead`` (the jaw's lead for jaw r, vowels and
+pauses; the lips' for closure, rounding and every AUC; loudness: 0).
 
 Targets are phone-based and our own (not the training targets): per phone a jaw openness,
 a lip closure (p b m) and a lip rounding value (:data:`PHONE_TABLE`; diphthongs in two
 halves, ``hh`` takes the next phone's shape), piecewise constant, smoothed by a Gaussian
 (sigma 20 ms). Lags: ``r(lag)`` pairs the prediction at time t with the target at
-``t - lag``, so a positive lag means the prediction is late and the designed lead is the
-lag -40 ms; scanned over [-200, +200] ms in 10 ms steps, per articulator.
+``t - lag``, so a positive lag means the prediction is late and a designed lead of 40 ms
+is the lag -40 ms; scanned over [-200, +200] ms in 10 ms steps, per articulator.
 
 Metrics, per condition (clean; ``degraded`` = pink noise 20 dB below the speech, then an
 Opus round trip at 32 kbit/s) and system:
 
-* jaw r (Pearson, over all frames of all clips) at lag 0, at the designed lead, and the
+* r (Pearson, over all frames of all clips) at lag 0, at the designed lead, and the
   best lag with its r, for jaw (jawOpen), closure (mouthClose + mean press) and rounding
   (pucker + funnel), each against its own target;
 * ROC AUCs per phone segment (the mean score over the frames whose sound time falls in
@@ -75,13 +76,13 @@ from scipy.stats import rankdata
 
 from inference.model.blendshapes import SPEECH
 from inference.model.timing import TIMING
-from inference.training.visemes import ANTICIPATION_S, PROTOTYPES, V, phoneme_visemes
+from inference.training.visemes import LEADS, PROTOTYPES, Leads, V, phoneme_visemes
 from inference.tts import SAMPLE_RATE
 
 FPS = TIMING.fps
-#: The model's designed lead: its training targets show each shape this long before the
-#: sound (visemes.ANTICIPATION_S), which its look-ahead (TIMING.lookahead_ms) allows.
-DESIGNED_LEAD_S = ANTICIPATION_S
+#: Which lead each scored articulator is read at.
+ARTICULATOR_LEAD = {"jaw": "jaw", "closure": "lips", "rounding": "lips"}
+NO_LEAD = Leads(0.0, 0.0)
 LAGS_MS = np.arange(-200, 201, 10)
 TARGET_SIGMA_S = 0.02
 PAUSE_MARGIN_S = 0.1
@@ -284,30 +285,30 @@ def articulator_scores(c: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def score_set(coeffs: Sequence[np.ndarray], phones: Sequence[Phones], lead_s: float,
+def score_set(coeffs: Sequence[np.ndarray], phones: Sequence[Phones], leads: Leads,
               speakers: Sequence[str] | None = None) -> dict[str, object]:
     """Every metric of one system on one condition: ``coeffs[k]`` (n_k, 11) per clip."""
     scores = [articulator_scores(c) for c in coeffs]
     out: dict[str, object] = {"frames": int(sum(c.shape[0] for c in coeffs))}
-    lead_ms = -1000.0 * DESIGNED_LEAD_S
     for col, art in enumerate(ARTICULATORS):
         r = lag_scan([s[art] for s in scores], phones, col)
         lag, r_best = best_lag(LAGS_MS, r)
-        out[art] = {"r_lag0": float(r[LAGS_MS == 0][0]),
-                    "r_designed_lead": float(np.interp(lead_ms, LAGS_MS, r)),
+        lead_ms = 1000.0 * getattr(leads, ARTICULATOR_LEAD[art])
+        out[art] = {"r_lag0": float(r[LAGS_MS == 0][0]), "designed_lead_ms": lead_ms,
+                    "r_designed_lead": float(np.interp(-lead_ms, LAGS_MS, r)),
                     "best_lag_ms": lag, "r_best": r_best,
                     "r_by_lag": {int(lag_): float(v) for lag_, v in zip(LAGS_MS, r, strict=True)}}
     aucs = {}
     for name, (pos, neg, score) in CONTRASTS.items():
         p = [m for s, ph in zip(scores, phones, strict=True)
-             for m in segment_means(s[score], ph, pos, lead_s)]
+             for m in segment_means(s[score], ph, pos, leads.lips)]
         n = [m for s, ph in zip(scores, phones, strict=True)
-             for m in segment_means(s[score], ph, neg, lead_s)]
+             for m in segment_means(s[score], ph, neg, leads.lips)]
         aucs[name] = {"auc": auc(p, n), "n_pos": len(p), "n_neg": len(n), "score": score}
     out["auc"] = aucs
     vowel = [m for s, ph in zip(scores, phones, strict=True)
-             for m in segment_means(s["jaw"], ph, VOWELS, lead_s)]
-    quiet = np.concatenate([s["jaw"][quiet_mask(s["jaw"].size, speech_spans(ph), lead_s)]
+             for m in segment_means(s["jaw"], ph, VOWELS, leads.jaw)]
+    quiet = np.concatenate([s["jaw"][quiet_mask(s["jaw"].size, speech_spans(ph), leads.jaw)]
                             for s, ph in zip(scores, phones, strict=True)])
     vowel_mean = float(np.mean(vowel)) if vowel else math.nan
     pause_mean = float(quiet.mean()) if quiet.size else math.nan
@@ -320,7 +321,7 @@ def score_set(coeffs: Sequence[np.ndarray], phones: Sequence[Phones], lead_s: fl
         for spk in sorted(set(speakers)):
             keep = [k for k, s in enumerate(speakers) if s == spk]
             r = lag_scan([scores[k]["jaw"] for k in keep], [phones[k] for k in keep], 0,
-                         np.array([0.0, lead_ms]))
+                         np.array([0.0, -1000.0 * leads.jaw]))
             by[spk] = {"jaw_r_lag0": float(r[0]), "jaw_r_designed_lead": float(r[1]),
                        "clips": len(keep)}
         out["by_speaker"] = by
@@ -359,6 +360,18 @@ class ModelRunner:
     manifest: str = "engines/sonic-lite.json"
     weights: str | None = None  # the .pt head for engine="torch" (default: the shipped one)
     _run: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+
+    def leads(self) -> Leads:
+        """The designed leads of the head this runs: from the manifest's ``audio_head``, or
+        the JSON that training wrote beside the ``.pt``."""
+        if self.engine == "onnx":
+            from inference.engine import Manifest
+
+            return head_leads(Manifest.load(_repo_path(self.manifest)).extra.get("audio_head"))
+        from inference.model.audio_head import HEAD_WEIGHTS
+
+        described = Path(self.weights or HEAD_WEIGHTS).with_suffix(".json")
+        return head_leads(json.loads(described.read_text()) if described.exists() else None)
 
     def windows(self, audio: np.ndarray) -> np.ndarray:
         from inference.features import FrameWindows
@@ -403,10 +416,7 @@ def _onnx_runner(manifest_path: str) -> Callable[[np.ndarray], np.ndarray]:
     from inference.face_geometry import geometry_from_face_box
     from inference.runtimes import create_engine
 
-    path = Path(manifest_path)
-    if not path.is_absolute():
-        path = Path(__file__).resolve().parents[2] / path
-    engine = create_engine("onnxruntime", path, intra_op_threads=2)
+    engine = create_engine("onnxruntime", _repo_path(manifest_path), intra_op_threads=2)
     size = 64
     geometry = geometry_from_face_box(FaceBox(x=0.25 * size, y=0.2 * size, w=0.5 * size,
                                               h=0.5 * size), size)
@@ -420,6 +430,22 @@ def _onnx_runner(manifest_path: str) -> Callable[[np.ndarray], np.ndarray]:
         return engine.run(batch).coefficients[:, cols].astype(np.float32)
 
     return run
+
+
+def _repo_path(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else Path(__file__).resolve().parents[2] / p
+
+
+def head_leads(description: dict | None) -> Leads:
+    """A trained head's leads from what training wrote of it (``targets.leads_s``; heads
+    trained before leads were per articulator say ``anticipation_s``, one for all)."""
+    targets = (description or {}).get("targets") or {}
+    if "leads_s" in targets:
+        return Leads(**targets["leads_s"])
+    if "anticipation_s" in targets:
+        return Leads(targets["anticipation_s"], targets["anticipation_s"])
+    return LEADS
 
 
 def _torch_runner(weights: str | None = None) -> Callable[[np.ndarray], np.ndarray]:
@@ -630,8 +656,9 @@ def bad_input_clips(seed: int = 0) -> dict[str, BadClip]:
     return clips
 
 
-def score_bad(coeffs: np.ndarray, clip: BadClip, lead_s: float) -> dict[str, object]:
+def score_bad(coeffs: np.ndarray, clip: BadClip, leads: Leads) -> dict[str, object]:
     jaw = coeffs[:, _I["jawOpen"]]
+    lead_s = leads.jaw
     quiet = quiet_mask(jaw.size, clip.active, lead_s)
     out: dict[str, object] = {"jaw_mean": float(jaw.mean()), "jaw_max": float(jaw.max()),
                               "finite": bool(np.isfinite(coeffs).all())}
@@ -644,14 +671,13 @@ def score_bad(coeffs: np.ndarray, clip: BadClip, lead_s: float) -> dict[str, obj
     if speaking.any():
         out["speaking_jaw_mean"] = float(jaw[speaking].mean())
     if clip.phones is not None:
-        r = lag_scan([jaw], [clip.phones], 0, np.array([-1000.0 * DESIGNED_LEAD_S]))
+        r = lag_scan([jaw], [clip.phones], 0, np.array([-1000.0 * lead_s]))
         out["jaw_r_designed_lead"] = float(r[0])
     return out
 
 
 # ---------------------------------------------------------------------------- run
 SYSTEMS = ("model", "loudness")
-LEADS = {"model": DESIGNED_LEAD_S, "loudness": 0.0}
 
 
 def system_coefficients(runner: ModelRunner, audio: np.ndarray) -> dict[str, np.ndarray]:
@@ -664,6 +690,7 @@ def evaluate(clips: list[Clip], runner: ModelRunner, *, degraded: bool = True,
              bitrate: int = OPUS_BITRATE, per_speaker: bool = False) -> dict[str, object]:
     """All metrics: ``results[condition][system]`` and ``bad_inputs[case][system]``."""
     rng = np.random.default_rng(seed + 1000)
+    leads = {"model": runner.leads(), "loudness": NO_LEAD}
     conditions = {"clean": clips}
     if degraded:
         conditions["degraded"] = [degrade(c, rng, snr_db, bitrate) for c in clips]
@@ -673,7 +700,7 @@ def evaluate(clips: list[Clip], runner: ModelRunner, *, degraded: bool = True,
         coeffs = [system_coefficients(runner, c.audio) for c in cs]
         phones = [c.phones for c in cs]
         speakers = [c.speaker for c in cs] if per_speaker else None
-        results[cond] = {s: score_set([c[s] for c in coeffs], phones, LEADS[s], speakers)
+        results[cond] = {s: score_set([c[s] for c in coeffs], phones, leads[s], speakers)
                          for s in SYSTEMS}
         if cond == "clean" and runner.engine == "onnx":
             try:
@@ -689,7 +716,7 @@ def evaluate(clips: list[Clip], runner: ModelRunner, *, degraded: bool = True,
         for case, clip in bad_input_clips(seed).items():
             co = system_coefficients(runner, clip.audio)
             out["bad_inputs"][case] = {"note": clip.note, **{
-                s: score_bad(co[s], clip, LEADS[s]) for s in SYSTEMS}}
+                s: score_bad(co[s], clip, leads[s]) for s in SYSTEMS}}
     return out
 
 
@@ -698,10 +725,11 @@ def _f(x: object, fmt: str = ".3f") -> str:
 
 
 def table(report: dict[str, object]) -> str:
-    lead = -1000 * DESIGNED_LEAD_S
+    leads = report["meta"]["designed_leads_ms"]
     lines = [
-        f"jaw r at lag 0 / at the designed lead ({lead:+.0f} ms) / best lag (ms) and its r; "
-        "best lags of closure and rounding; per-segment AUCs; pause jaw as % of vowel jaw",
+        f"jaw r at lag 0 / at the designed lead ({-leads['jaw']:+.0f} ms) / best lag (ms) "
+        "and its r; best lags of closure and rounding; per-segment AUCs (lips read at "
+        f"{-leads['lips']:+.0f} ms); pause jaw as % of vowel jaw",
         "| condition | system | jaw r0 | jaw r@lead | jaw best | closure best | "
         "rounding best | AUC close | AUC round | AUC spread | AUC f/v | pause jaw % |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -774,6 +802,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     else:
         clips, kept = flite_set(args.n or 48, args.seed), "slt, awb, rms (unseen speakers)"
     runner = ModelRunner(args.engine, args.manifest, args.weights)
+    leads = runner.leads()
     report = evaluate(clips, runner, bad=not args.no_bad_inputs, seed=args.seed,
                       snr_db=args.snr_db, bitrate=args.opus_bitrate, per_speaker=True)
     report["meta"] = {
@@ -782,12 +811,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "speakers": sorted({c.speaker for c in clips}),
         "unknown_phones": unknown_phones(clips),
         "engine": args.engine if args.engine == "torch" else f"onnxruntime {args.manifest}",
-        "designed_lead_ms": 1000 * DESIGNED_LEAD_S, "lookahead_ms": TIMING.lookahead_ms,
+        "designed_leads_ms": {"jaw": 1000 * leads.jaw, "lips": 1000 * leads.lips},
+        "lookahead_ms": TIMING.lookahead_ms,
         "lag_convention": "r(lag) pairs the prediction at t with the target at t - lag: "
-                          "positive = prediction late; the designed lead is lag "
-                          f"{-1000 * DESIGNED_LEAD_S:+.0f} ms",
+                          "positive = prediction late; a designed lead L is lag -L",
         "segment_timing": "frame i stands for the sound at its centre + the system's "
-                          "designed lead (model 40 ms, loudness 0)",
+                          "designed lead (the model's jaw lead for the jaw, vowels and "
+                          "pauses, its lips' lead for the AUCs; loudness 0)",
         "auc": "per phone segment (mean score over its frames), Mann-Whitney",
         "scores": {k: v[2] for k, v in CONTRASTS.items()},
         "degraded": f"pink noise {args.snr_db:g} dB below the speech RMS, then Opus "

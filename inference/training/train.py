@@ -23,9 +23,10 @@ import torch
 from torch.nn import functional as F
 
 from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
+from inference.model.timing import TIMING
 from inference.training import augment
 from inference.training.corpus import build_corpus
-from inference.training.visemes import PROTOTYPES, VISEMES
+from inference.training.visemes import LEADS, PROTOTYPES, VISEMES, Leads
 from inference.training.windows import Windows, make_windows
 from inference.tts import SAMPLE_RATE, Utterance
 
@@ -102,11 +103,13 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
-               device: str | torch.device = "cpu") -> AudioHead:
+               warp: float = 0.0, device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
     ``viseme_weight``: how much more the frames labelled with a viseme count (short,
-    strong gestures such as ``PP`` are few among the vowels). Returned on the CPU."""
+    strong gestures such as ``PP`` are few among the vowels); ``warp``: each window's
+    bands warped by a random factor within 1 +- warp (``augment.vtlp_table``). Returned
+    on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     device = torch.device(device)
@@ -115,6 +118,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     batch_of = windows.batcher(device)
     targets = torch.from_numpy(windows.targets).to(device)
     labels = torch.from_numpy(windows.labels).to(device)
+    warps = torch.from_numpy(augment.vtlp_table(TIMING.features, warp)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     n = windows.starts.size
     steps_per_epoch = n // batch
@@ -136,7 +140,11 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
             idx = order[b * batch : (b + 1) * batch]
             rows = torch.from_numpy(idx).to(device)
             target, label = targets[rows], labels[rows]
-            pred = model(batch_of(idx))
+            mel = batch_of(idx)
+            if warp > 0:
+                mel = warp_bands(mel, warps[torch.randint(len(warps), (len(idx),),
+                                                          device=device)])
+            pred = model(mel)
             per_frame = frame_weight[label][:, None]
             mse = (((pred - target) ** 2) * weight * per_frame).sum() / (
                 per_frame.sum() * weight.numel())
@@ -155,6 +163,18 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     return model.cpu().eval()
 
 
+def warp_bands(mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """(B, T, n_mels) with each window's bands read at ``source`` (B, n_mels), a
+    fractional band index, between its two neighbours."""
+    lo = source.floor().long()
+    hi = (lo + 1).clamp(max=mel.shape[2] - 1)
+    frac = (source - lo)[:, None, :]
+    span = (-1, mel.shape[1], -1)
+    below = mel.gather(2, lo[:, None, :].expand(*span))
+    above = mel.gather(2, hi[:, None, :].expand(*span))
+    return below + frac * (above - below)
+
+
 def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
     """The training windows, and what they were made of (for the weights' JSON)."""
     t_start = time.time()
@@ -171,9 +191,12 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
         print(f"real speech: {real}", flush=True)
     clips, aug_counts = training_clips(train, args.seed, n_noise=len(train) // 25,
                                        eq_db=args.eq_db, speed=(args.speed_min, args.speed_max))
+    leads = Leads(jaw=args.jaw_lead_ms / 1000.0, lips=args.lips_lead_ms / 1000.0)
     command = "python -m inference.training.train" + (
         f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
-        if args.real_speech else "")
+        if args.real_speech else "") + (
+        f" --jaw-lead-ms {args.jaw_lead_ms:g}" if leads.jaw != LEADS.jaw else "") + (
+        f" --lips-lead-ms {args.lips_lead_ms:g}" if leads.lips != LEADS.lips else "")
     description = {
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
         "corpus": corpus.describe(),
@@ -186,8 +209,10 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
             "applied_counts": aug_counts,
             "non_speech_clips": len(clips) - 2 * len(train),
         },
+        "targets": {"visemes": list(VISEMES), "leads_s": {"jaw": leads.jaw, "lips": leads.lips},
+                    "blend_sigma_s": 0.03},
     }
-    return make_windows(clips), {"command": command, "description": description}
+    return make_windows(clips, leads), {"command": command, "description": description}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -209,6 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hidden", type=int, default=96, help="channels of the convolutions")
     ap.add_argument("--viseme-weight", type=viseme_weights, default={},
                     help="frames of these visemes count more in the loss, e.g. PP=3,FF=2")
+    ap.add_argument("--warp", type=float, default=0.0,
+                    help="vocal tract length perturbation: each window's bands warped by "
+                         "a random factor within 1 +- this (0: none)")
+    ap.add_argument("--jaw-lead-ms", type=float, default=1000 * LEADS.jaw,
+                    help="jawOpen's targets show the sound this much later")
+    ap.add_argument("--lips-lead-ms", type=float, default=1000 * LEADS.lips,
+                    help="the lip shapes' targets show the sound this much later")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
@@ -233,6 +265,11 @@ def main(argv: list[str] | None = None) -> None:
     saved = Path(args.windows) if args.windows else None
     if saved is not None and saved.exists():
         windows, data = Windows.load(saved)
+        built = data["description"].get("targets", {}).get("leads_s")
+        asked = {"jaw": args.jaw_lead_ms / 1000.0, "lips": args.lips_lead_ms / 1000.0}
+        if built != asked:
+            ap.error(f"{saved} holds targets led by {built} s, not the {asked} asked for: "
+                     "build the windows anew (another --windows file)")
         print(f"{windows.starts.size} training windows from {saved}", flush=True)
     else:
         windows, data = training_data(args)
@@ -246,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
                        hidden=args.hidden, viseme_weight=args.viseme_weight,
-                       device=args.device)
+                       warp=args.warp, device=args.device)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -264,17 +301,17 @@ def main(argv: list[str] | None = None) -> None:
         "command": data["command"]
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
+            + (f" --warp {args.warp:g}" if args.warp else "")
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
                if args.viseme_weight else ""),
         "device": args.device,
         "seed": args.seed,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
-        "viseme_weight": args.viseme_weight or None,
+        "viseme_weight": args.viseme_weight or None, "warp": args.warp,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         **data["description"],
-        "targets": {"visemes": list(VISEMES), "anticipation_s": 0.04, "blend_sigma_s": 0.03},
         "seconds": {"data": round(t_data), "training": round(t_train - t_data),
                     "total": round(time.time() - t_start)},
         "headline_heldout_synth": {

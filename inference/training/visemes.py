@@ -6,9 +6,9 @@ viseme has a target vector over :data:`inference.model.blendshapes.SPEECH`. Fram
 targets follow a simple dominance model of coarticulation (Cohen and Massaro): every
 segment pulls the mouth towards its target with a strength (its dominance) spread over
 time by a Gaussian, so short consonants with strong lip gestures (p b m, f v) still
-reach their shape while weak ones (t, k, h) take the colour of their vowels. The whole
-shape track leads the sound by :data:`ANTICIPATION_S`, because lips move before the
-sound they make is heard.
+reach their shape while weak ones (t, k, h) take the colour of their vowels. The shape
+track leads the sound (:data:`LEADS`), because the mouth moves before the sound it makes
+is heard; the jaw and the lips each by their own lead.
 """
 
 from __future__ import annotations
@@ -66,8 +66,25 @@ DOMINANCE: np.ndarray = np.array(
     dtype=np.float32
 )
 
-#: The mouth shape leads the sound by this much.
-ANTICIPATION_S = 0.04
+
+@dataclass(frozen=True)
+class Leads:
+    """How long each articulator's shape leads the sound it makes (s): ``jaw`` for
+    jawOpen, ``lips`` for every lip shape (closure, rounding, spreading, f/v)."""
+
+    jaw: float = 0.04
+    lips: float = 0.04
+
+    def __post_init__(self) -> None:
+        for name in ("jaw", "lips"):
+            if not 0.0 <= getattr(self, name) <= 0.2:
+                raise ValueError(f"{name} lead {getattr(self, name)} s: give 0 to 0.2 s")
+
+
+#: The shipped head's leads (its training targets; the evaluation reads each articulator
+#: at its own).
+LEADS = Leads()
+JAW = SPEECH.index("jawOpen")
 #: Spread of each segment's influence (Gaussian sigma).
 BLEND_SIGMA_S = 0.03
 
@@ -166,21 +183,35 @@ def segments_from_phonemes(phones: list[tuple[float, float, str]]) -> list[Segme
 
 
 def frame_targets(
-    segments: list[Segment], n_frames: int, fps: int = TIMING.fps, *, step_s: float = 0.005
+    segments: list[Segment], n_frames: int, fps: int = TIMING.fps, *, step_s: float = 0.005,
+    leads: Leads = LEADS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-video-frame targets (n_frames, len(SPEECH)) and viseme labels (n_frames,).
 
-    Frame ``i`` covers ``[i/fps, (i+1)/fps)`` of the audio and is sampled at its centre.
-    Time outside every segment is silence. The label is the viseme with the largest
-    dominance-weighted share at that instant, i.e. the shape the target is showing.
+    Frame ``i`` covers ``[i/fps, (i+1)/fps)`` of the audio and is sampled at its centre;
+    jawOpen shows the sound ``leads.jaw`` later, every other shape the sound
+    ``leads.lips`` later. Time outside every segment is silence. The label is the viseme
+    with the largest dominance-weighted share in the lips' timing, i.e. the shape the
+    target is showing.
     """
+    lips = _influence(segments, n_frames, fps, step_s, leads.lips)
+    targets = (lips @ PROTOTYPES) / np.maximum(lips.sum(1, keepdims=True), 1e-6)
+    if leads.jaw != leads.lips:
+        jaw = _influence(segments, n_frames, fps, step_s, leads.jaw)
+        targets[:, JAW] = (jaw @ PROTOTYPES[:, JAW]) / np.maximum(jaw.sum(1), 1e-6)
+    return targets.astype(np.float32), lips.argmax(1)
+
+
+def _influence(segments: list[Segment], n_frames: int, fps: int, step_s: float,
+               lead_s: float) -> np.ndarray:
+    """(n_frames, n_visemes): each viseme's dominance-weighted influence on each frame,
+    whose shape is that of the sound ``lead_s`` after the frame's centre."""
     duration = n_frames / fps
     n = int(np.ceil(duration / step_s)) + 1
     cls = np.zeros(n, np.int64)  # silence by default
     for seg in segments:
-        # The shape at time t is the one of the sound at t + anticipation.
-        lo = int(np.ceil((seg.start - ANTICIPATION_S) / step_s))
-        hi = int(np.ceil((seg.end - ANTICIPATION_S) / step_s))
+        lo = int(np.ceil((seg.start - lead_s) / step_s))
+        hi = int(np.ceil((seg.end - lead_s) / step_s))
         cls[max(lo, 0) : max(min(hi, n), 0)] = seg.viseme
     onehot = np.zeros((n, len(VISEMES)), np.float32)
     onehot[np.arange(n), cls] = DOMINANCE[cls]
@@ -192,11 +223,7 @@ def frame_targets(
     padded[:half, V["sil"]] = DOMINANCE[V["sil"]]
     padded[-half:, V["sil"]] = DOMINANCE[V["sil"]]
     centres = ((np.arange(n_frames) + 0.5) / fps / step_s).round().astype(int)
-    weights = np.stack(
-        [kernel @ padded[c : c + 2 * half + 1] for c in np.minimum(centres, n - 1)]
-    )  # (n_frames, n_visemes): dominance-weighted influence of each viseme
-    targets = (weights @ PROTOTYPES) / np.maximum(weights.sum(1, keepdims=True), 1e-6)
-    return targets.astype(np.float32), weights.argmax(1)
+    return np.stack([kernel @ padded[c : c + 2 * half + 1] for c in np.minimum(centres, n - 1)])
 
 
 def nearest_viseme(coeffs: np.ndarray) -> np.ndarray:

@@ -18,7 +18,13 @@ import torch
 from inference.features import log_mel
 from inference.model.audio_head import AudioHead
 from inference.model.timing import TIMING
-from inference.training.visemes import PROTOTYPES, frame_targets, segments_from_phonemes
+from inference.training.visemes import (
+    LEADS,
+    PROTOTYPES,
+    Leads,
+    frame_targets,
+    segments_from_phonemes,
+)
 from inference.tts import SAMPLE_RATE
 
 SILENCE = float(np.log10(TIMING.features.floor))
@@ -79,7 +85,7 @@ class Windows:
             return windows, json.loads(str(f["meta"]))
 
 
-def utterance_windows(audio: np.ndarray, phones: Phones | None
+def utterance_windows(audio: np.ndarray, phones: Phones | None, leads: Leads = LEADS
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mel padded with the window's history, targets, labels) for one clip.
 
@@ -94,15 +100,17 @@ def utterance_windows(audio: np.ndarray, phones: Phones | None
     if phones is None:
         return mel, np.zeros((n_frames, len(PROTOTYPES[0])), np.float32), np.zeros(
             n_frames, np.int64)
-    targets, labels = frame_targets(segments_from_phonemes(phones), n_frames, TIMING.fps)
+    targets, labels = frame_targets(segments_from_phonemes(phones), n_frames, TIMING.fps,
+                                    leads=leads)
     return mel, targets, labels
 
 
-def make_windows(clips: list[tuple[np.ndarray, Phones | None]]) -> Windows:
+def make_windows(clips: list[tuple[np.ndarray, Phones | None]], leads: Leads = LEADS
+                 ) -> Windows:
     mels, starts, targets, labels, utt = [], [], [], [], []
     offset = 0
     for k, (audio, phones) in enumerate(clips):
-        mel, tg, lab = utterance_windows(audio, phones)
+        mel, tg, lab = utterance_windows(audio, phones, leads)
         n = tg.shape[0]
         mels.append(mel.astype(np.float16))
         # window_start is linear in the frame index: the first window plus a stride.
