@@ -200,6 +200,18 @@ def test_augmentations_keep_length_and_finite() -> None:
     assert np.corrcoef(x[SR // 2 + 800 :], y[SR // 2 + 800 :])[0, 1] > 0.9
 
 
+def test_concordance_costs_a_head_that_hedges_towards_the_middle() -> None:
+    """A prediction shrunk halfway to the mean correlates perfectly but is not concordant;
+    only the target itself scores 1, a constant 0."""
+    from inference.training.train import concordance
+
+    target = torch.rand(512, 3, generator=torch.Generator().manual_seed(0))
+    hedged = 0.5 * target + 0.5 * target.mean(0)
+    assert torch.allclose(concordance(target, target), torch.ones(3), atol=1e-4)
+    assert (concordance(hedged, target) < 0.85).all()
+    assert torch.allclose(concordance(torch.full_like(target, 0.5), target), torch.zeros(3))
+
+
 def test_a_warped_vocal_tract_moves_a_formant_up_or_down_the_mel_bands() -> None:
     """VTLP: a tone's mel peak read through a warp of 1.15 lies above where it was, one
     of 0.85 below, and a warp of 1 leaves the mel as it is."""

@@ -103,13 +103,17 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
-               warp: float = 0.0, device: str | torch.device = "cpu") -> AudioHead:
+               warp: float = 0.0, ccc_weight: float = 0.0,
+               device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
     ``viseme_weight``: how much more the frames labelled with a viseme count (short,
     strong gestures such as ``PP`` are few among the vowels); ``warp``: each window's
-    bands warped by a random factor within 1 +- warp (``augment.vtlp_table``). Returned
-    on the CPU."""
+    bands warped by a random factor within 1 +- warp (``augment.vtlp_table``);
+    ``ccc_weight``: a term for each coefficient's concordance with its target over the
+    batch (1 - CCC), which, unlike the squared error, costs a head that hedges towards
+    the middle where it is unsure (open vowels under-opened, lips left ajar through
+    p/b/m). Returned on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     device = torch.device(device)
@@ -152,6 +156,9 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
             dist = ((pred[:, None, :] - protos[None]) ** 2).sum(-1)
             ce = F.cross_entropy(-dist / 0.05, label)
             loss = mse + ce_weight * ce
+            if ccc_weight > 0:
+                loss = loss + ccc_weight * ((1.0 - concordance(pred, target)) * weight).sum() / (
+                    weight.sum())
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -161,6 +168,15 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                 print(f"epoch {epoch} step {step}/{total} mse {mse.item():.4f} "
                       f"ce {ce.item():.3f} {time.time() - t0:.0f}s", flush=True)
     return model.cpu().eval()
+
+
+def concordance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Lin's concordance correlation of each column over the batch (B, C) -> (C,): 1 only
+    where the prediction equals the target in mean, spread and correlation."""
+    pm, tm = pred.mean(0), target.mean(0)
+    cov = ((pred - pm) * (target - tm)).mean(0)
+    return 2.0 * cov / (pred.var(0, unbiased=False) + target.var(0, unbiased=False)
+                        + (pm - tm) ** 2 + 1e-6)
 
 
 def warp_bands(mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -241,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="jawOpen's targets show the sound this much later")
     ap.add_argument("--lips-lead-ms", type=float, default=1000 * LEADS.lips,
                     help="the lip shapes' targets show the sound this much later")
+    ap.add_argument("--ccc-weight", type=float, default=0.0,
+                    help="weight of a concordance (1 - CCC) term per coefficient, beside "
+                         "the squared error (0: none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="data/audio-head")
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
@@ -283,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
                        hidden=args.hidden, viseme_weight=args.viseme_weight,
-                       warp=args.warp, device=args.device)
+                       warp=args.warp, ccc_weight=args.ccc_weight, device=args.device)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (f" --warp {args.warp:g}" if args.warp else "")
+            + (f" --ccc-weight {args.ccc_weight:g}" if args.ccc_weight else "")
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
                if args.viseme_weight else ""),
         "device": args.device,
@@ -309,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "viseme_weight": args.viseme_weight or None, "warp": args.warp,
+        "ccc_weight": args.ccc_weight,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
         **data["description"],
