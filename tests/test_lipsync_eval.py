@@ -216,6 +216,25 @@ def test_end_to_end_on_two_flite_utterances(tmp_path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
+def test_aligned_labels_land_near_the_synthesizers_own_timings() -> None:
+    """pocketsphinx's alignment of flite's text (how the real recordings are labelled)
+    finds flite's own phones (names from flite word by word, so a vowel may differ from
+    flite's in context), their starts within 20 ms at the median."""
+    pytest.importorskip("pocketsphinx", reason="the real-speech extra (the aligner)")
+    clips = le.flite_set(2, 0)
+    aligned = le.aligned_labels(clips)
+    assert len(aligned) == 2
+    for own, by_aligner in zip(clips, aligned, strict=True):
+        speech = [[(s, p) for s, _, p in c.phones if p != "pau"] for c in (own, by_aligner)]
+        assert len(speech[0]) == len(speech[1])
+        same = [a == b for (_, a), (_, b) in zip(*speech, strict=True)]
+        assert sum(same) >= 0.8 * len(same)
+        errors = [abs(a - b) for (a, _), (b, _) in zip(*speech, strict=True)]
+        assert np.median(errors) < 0.02
+        assert by_aligner.phones[-1][1] == pytest.approx(own.audio.size / SAMPLE_RATE)
+
+
+@pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
 def test_model_runner_gives_one_row_per_video_frame() -> None:
     from inference.tts import flite
 

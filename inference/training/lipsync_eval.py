@@ -527,6 +527,20 @@ def real_set(root: str, heldout_only: bool = True, text_source: str = "asr"
     return clips, kept
 
 
+def aligned_labels(clips: list[Clip]) -> list[Clip]:
+    """The clips with their phones from pocketsphinx's forced alignment of their text (as
+    the real recordings are labelled) instead of their own; clips it cannot align are
+    left out."""
+    import tempfile
+
+    from inference.training.real_speech import align_texts
+
+    with tempfile.TemporaryDirectory() as workdir:
+        phones = align_texts([(c.audio, c.text) for c in clips], Path(workdir))
+    return [Clip(c.audio, ph, c.speaker, c.text)
+            for c, ph in zip(clips, phones, strict=True) if ph is not None]
+
+
 def unknown_phones(clips: Sequence[Clip]) -> dict[str, int]:
     """Phone names outside the CMU table (scored through the viseme fallback)."""
     known = set(PHONE_TABLE) | PAUSES | TRANSPARENT
@@ -788,11 +802,18 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--snr-db", type=float, default=SNR_DB,
                     help="degraded: pink noise this far below the speech")
     ap.add_argument("--opus-bitrate", type=int, default=OPUS_BITRATE)
+    ap.add_argument("--labels", choices=("own", "aligned"), default="own",
+                    help="flite: 'aligned' scores against pocketsphinx's alignment of the "
+                         "text (as the real recordings are labelled) instead of flite's own "
+                         "timings, to see what the aligner's errors cost")
     ap.add_argument("--no-bad-inputs", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/lipsync-eval.json")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
+    if args.labels == "aligned" and args.set != "flite":
+        ap.error("--labels aligned is for --set flite (the real recordings are aligned "
+                 "already)")
     if args.set in ("real", "real-text"):
         if not args.root:
             ap.error(f"--set {args.set} needs --root DIR")
@@ -801,6 +822,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         clips = clips[: args.n] if args.n else clips
     else:
         clips, kept = flite_set(args.n or 48, args.seed), "slt, awb, rms (unseen speakers)"
+        if args.labels == "aligned":
+            clips = aligned_labels(clips)
+            kept += ", phones from pocketsphinx's alignment of the text"
     runner = ModelRunner(args.engine, args.manifest, args.weights)
     leads = runner.leads()
     report = evaluate(clips, runner, bad=not args.no_bad_inputs, seed=args.seed,

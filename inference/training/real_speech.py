@@ -441,6 +441,28 @@ def _init_worker(lex: dict[str, list[tuple[str, str]]]) -> None:
     _WORKER_LEX = lex
 
 
+def write_align_dict(lex: dict[str, list[tuple[str, str]]], path: Path) -> Path:
+    """pocketsphinx's pronouncing dictionary of ``lex``, written to ``path``."""
+    path.write_text("".join(f"{w} {' '.join(s for s, _ in pron)}\n"
+                            for w, pron in sorted(lex.items())))
+    return path
+
+
+def align_texts(clips: list[tuple[np.ndarray, str]], workdir: Path
+                ) -> list[list[tuple[float, float, str]] | None]:
+    """Phones of each (16 kHz audio, its text) by the forced alignment that labels the real
+    recordings (None where it finds no path): speech whose true timings are known (a
+    synthesizer's), labelled this way, says what the aligner's own errors cost a score."""
+    texts = [normalise_words(text) for _, text in clips]
+    lex = build_lexicon({w for words in texts for w in words})
+    dict_path = str(write_align_dict(lex, Path(workdir) / "align.dict"))
+    out: list[list[tuple[float, float, str]] | None] = []
+    for (audio, _), words in zip(clips, texts, strict=True):
+        res = align(audio, words, lex, dict_path) if all(w in lex for w in words) else None
+        out.append(None if res is None else res[0])
+    return out
+
+
 # ------------------------------------------------------------------------ prepare/load
 def prepare(root: Path, workers: int = 2, limit: int | None = None,
             log=print) -> list[RealUtterance]:
@@ -473,9 +495,7 @@ def prepare(root: Path, workers: int = 2, limit: int | None = None,
              for it in items}
     words = {w for t in texts.values() for w in normalise_words(t)}
     lex = build_lexicon(words, root / "lexicon.json")
-    dict_path = root / "align.dict"
-    dict_path.write_text("".join(f"{w} {' '.join(s for s, _ in pron)}\n"
-                                 for w, pron in sorted(lex.items())))
+    dict_path = write_align_dict(lex, root / "align.dict")
     log(f"lexicon: {len(lex)} of {len(words)} words pronounced")
     t0 = time.time()
     utts: list[RealUtterance] = []
