@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from inference.mp4 import Mp4Writer
 from server.tracks import AudioSource, sleep_until
 
 log = logging.getLogger(__name__)
+
+#: Frames handed to the encoding thread and not yet written. The track is read without
+#: waiting for each frame's encode, since a read that comes late skips the frames it
+#: missed (as a late viewer's would); past this backlog the reader waits after all.
+ENCODE_BACKLOG = 50
 
 
 async def record(audio: AudioSource, video: MediaStreamTrack, size: int, path: Path) -> None:
@@ -29,12 +35,17 @@ async def record(audio: AudioSource, video: MediaStreamTrack, size: int, path: P
                                                                        fps=clock.fps))
 
         async def pictures() -> None:
+            pending: deque[asyncio.Future[None]] = deque()
             try:
                 while True:
                     frame = await video.recv()
-                    await loop.run_in_executor(thread, writer.video, frame)
+                    pending.append(loop.run_in_executor(thread, writer.video, frame))
+                    while pending and (pending[0].done() or len(pending) > ENCODE_BACKLOG):
+                        await pending.popleft()
             except MediaStreamError:
                 pass
+            finally:
+                await asyncio.gather(*pending)
 
         async def sound() -> None:
             k = clock.chunk_index_at(loop.time())
