@@ -26,9 +26,15 @@ from server.client import Received, run_session
 
 @pytest.fixture(scope="module")
 def door():  # type: ignore[no-untyped-def]
+    """Two workers. These tests are about the boundary (placement, frames, a killed
+    worker, a restarted engine), so admission may fill the two cores: once the host has
+    learnt what a session costs here (the CPU engine on the same cores), the default 0.8
+    refused the next test's second session while the last test's were winding down.
+    Admission at capacity has its own test and server."""
     from conftest import ServerProcess
 
-    with ServerProcess("--set", "workers.count=2", "--set", "session.peer_timeout_s=3") as server:
+    with ServerProcess("--set", "workers.count=2", "--set", "session.peer_timeout_s=3",
+                       "--set", "session.max_host_load=1.0") as server:
         yield server
 
 
