@@ -153,6 +153,7 @@ def test_blink_covers_the_eye(renderer: Renderer, crop: np.ndarray, geometry: np
 # --------------------------------------------------------------------------- the mouth
 
 HOPPER = Path(__file__).parent / "data" / "grace_hopper.jpg"  # lips closed (NOTICE there)
+OPEN_SMILE = Path(__file__).parent / "data" / "open_smile.jpg"  # lips parted on teeth
 
 
 @pytest.fixture(scope="module")
@@ -173,10 +174,21 @@ def _opening_box(geo: np.ndarray, hw: float) -> tuple[slice, slice]:
     return slice(round(top), round(top) + 40), slice(round(x - hw), round(x + hw))
 
 
+@pytest.fixture(scope="module", params=["default avatar", "open smile"])
+def smile(request: pytest.FixtureRequest, crop: np.ndarray,
+          geometry: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Portraits that smile with their teeth showing: the shipped avatar and another face."""
+    if request.param == "default avatar":
+        return crop, geometry
+    other = prepare_portrait(decode_image(OPEN_SMILE.read_bytes()), size=SIZE).image
+    return other, portrait_geometry(other)[0]
+
+
 def test_a_smile_keeps_its_upper_teeth_while_the_lower_drop_with_the_jaw(
-    renderer: Renderer, crop: np.ndarray, geometry: np.ndarray
+    renderer: Renderer, smile: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    """The default avatar smiles with teeth showing: its upper teeth stay with the skull."""
+    """A smile's upper teeth stay with the skull; the lower drop with the jaw."""
+    crop, geometry = smile
     ui, li = _px(geometry[G["upper_lip_inner_y"]]), _px(geometry[G["lower_lip_inner_y"]])
     assert li - ui > 6  # parted in the portrait
     frame = _render(renderer, crop, geometry, jawOpen=0.7)
