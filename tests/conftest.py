@@ -111,7 +111,11 @@ class ServerProcess:
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
     """One server for the session's end-to-end tests: peers that send nothing close in 3 s,
-    request bodies must arrive within 2 s."""
+    request bodies must arrive within 2 s. Its engine may be loaded to 1.2 of what it
+    measured: on a slow 2-core host, busy with the tests' own peers, the CPU engine
+    measured one 512x512 session as more than 0.9 of its capacity and refused it (admission at
+    capacity has its own server and test)."""
     with ServerProcess("--set", "session.peer_timeout_s=3",
-                       "--set", "http.body_timeout_s=2") as process:
+                       "--set", "http.body_timeout_s=2",
+                       "--set", "session.max_engine_load=1.2") as process:
         yield process
