@@ -236,6 +236,30 @@ def test_a_closed_mouth_opens_onto_teeth_and_leaves_no_line_when_almost_shut(
     assert lit > dark + 60  # teeth under the upper lip, then the cavity
 
 
+@pytest.mark.parametrize(("jaw", "close"), [(1.0, 0.0), (1.0, 0.5), (0.7, 1.0)])
+def test_a_wide_open_jaw_never_folds_the_skin_under_the_lips(
+    renderer: Renderer, smile: tuple[np.ndarray, np.ndarray], closed_crop: np.ndarray,
+    closed_geometry: np.ndarray, monkeypatch: pytest.MonkeyPatch, jaw: float, close: float
+) -> None:
+    """Down every column the warp samples the portrait from rows that keep descending:
+    where the chin's travel ramped in faster than the rows below the lips, the skin
+    beside the lens folded over on itself and showed as vertical streaks."""
+    grids: list[torch.Tensor] = []
+    sample = torch.nn.functional.grid_sample
+
+    def keep(image: torch.Tensor, grid: torch.Tensor, *args: object, **kw: object
+             ) -> torch.Tensor:
+        grids.append(grid)
+        return sample(image, grid, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "grid_sample", keep)
+    for crop, geometry in (smile, (closed_crop, closed_geometry)):
+        grids.clear()
+        _render(renderer, crop, geometry, jawOpen=jaw, mouthClose=close)
+        rows = _px(grids[0][0, :, :, 1].numpy())  # the warp's grid (the first sampled)
+        assert np.diff(rows, axis=0).min() > 0.0
+
+
 def _coeffs(batch: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     c = torch.rand(batch, len(ALL), generator=gen)

@@ -241,7 +241,11 @@ class Renderer(nn.Module):
         split = bite + bend
         ramp = _soft_clamp01((ys - bite) / gap.clamp(min=1e-4) + share, 0.12)
         lip_bottom = lo + (1.0 - share) * gap
-        to_jaw = _smoothstep(lip_bottom + 0.05 * mc, lip_bottom + 0.45 * mc, ys)
+        # The chin's travel ramps in below the lower lip over a band wide enough that its
+        # slope stays under 0.6 where nothing else compensates it (beside the lips' lens,
+        # or with the lips held shut): steeper, the skin there folds over into streaks.
+        jaw_band = torch.maximum(0.4 * mc, 2.5 * (1.0 - share) * drop)
+        to_jaw = _smoothstep(lip_bottom + 0.05 * mc, lip_bottom + 0.05 * mc + jaw_band, ys)
         lift = share * _smoothstep(my - 0.55 * mc, my, ys)  # (B, H)
         gap_y = gap * (1.0 - to_jaw) * (ramp - lift)
 
