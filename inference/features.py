@@ -20,6 +20,21 @@ import numpy as np
 from inference.engine import FeatureSpec, FrameTiming
 
 
+def mel_frequencies(n_mels: int, fmin: float, fmax: float) -> np.ndarray:
+    """``n_mels`` frequencies (Hz) evenly spaced on Slaney's mel scale (librosa's default:
+    linear below 1 kHz, logarithmic above), without importing librosa: the model's band
+    weights need them on GPU hosts that do not have it."""
+    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, np.log(6.4) / 27.0
+    min_log_mel = min_log_hz / f_sp
+
+    def to_mel(hz: float) -> float:
+        return hz / f_sp if hz < min_log_hz else min_log_mel + np.log(hz / min_log_hz) / logstep
+
+    mels = np.linspace(to_mel(fmin), to_mel(fmax), n_mels)
+    return np.where(mels < min_log_mel, f_sp * mels,
+                    min_log_hz * np.exp(logstep * (mels - min_log_mel)))
+
+
 @lru_cache(maxsize=8)
 def _tables(spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
     """(periodic hann window, mel matrix transposed to (n_fft // 2 + 1, n_mels)), cached."""

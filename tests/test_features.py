@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inference.engine import FeatureSpec
-from inference.features import FrameWindows, StreamingLogMel, log_mel
+from inference.features import FrameWindows, StreamingLogMel, log_mel, mel_frequencies
 from inference.model.timing import TIMING
 from inference.tts import SpeechUnavailable, espeak
 
@@ -234,3 +234,10 @@ def test_audio_held_back_until_samples_wanted_completes_each_frame_when_it_is_pu
     for i, (pos, window) in eager_at.items():
         assert held_at[i][0] == pos
         np.testing.assert_array_equal(held_at[i][1], window)
+
+
+@pytest.mark.parametrize(("n", "fmin", "fmax"), [(82, 0.0, 8000.0), (34, 80.0, 7600.0),
+                                                 (10, 1200.0, 4000.0)])
+def test_mel_frequencies_match_librosa_without_it(n: int, fmin: float, fmax: float) -> None:
+    np.testing.assert_allclose(mel_frequencies(n, fmin, fmax),
+                               librosa.mel_frequencies(n, fmin=fmin, fmax=fmax), rtol=1e-9)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from inference.engine import FrameTiming
+from inference.features import mel_frequencies
 from inference.model.audio_head import AudioHead
 from inference.model.blendshapes import ALL
 from inference.model.renderer import Renderer
@@ -93,9 +94,7 @@ class SonicLite(nn.Module):
         spec = timing.features
         self.timing = timing
 
-        import librosa  # here, not at import: the GPU runtime loads this module without it
-
-        centres = librosa.mel_frequencies(spec.n_mels + 2, fmin=spec.fmin, fmax=spec.fmax)[1:-1]
+        centres = mel_frequencies(spec.n_mels + 2, spec.fmin, spec.fmax)[1:-1]
         bands = np.stack([(centres >= lo) & (centres < hi) for _, lo, hi in BANDS], axis=1)
         self.register_buffer("band_weights", torch.from_numpy(bands.astype(np.float32)))
 
