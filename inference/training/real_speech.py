@@ -53,6 +53,22 @@ these paths::
 * LJSpeech (public domain): one US woman, 32 recordings from coqui TTS's test data; the
   text is LJSpeech's, from vits's file lists.
 
+Speakers whose true text is known, trained on (their text found as above)::
+
+    git clone --no-checkout https://github.com/andabi/deep-voice-conversion \
+        ROOT/src/deep-voice-conversion
+    git -C ROOT/src/deep-voice-conversion restore \
+        --source=983c275d669e8f6c935b08582063f8aaaecff48e -- datasets/arctic/bdl LICENSE
+    git clone --no-checkout https://github.com/yl4579/StarGANv2-VC ROOT/src/StarGANv2-VC
+    git -C ROOT/src/StarGANv2-VC restore --source=985df557acad47131587955bfe13ea9b99168f71 -- \
+        Demo/VCTK-corpus LICENSE
+
+* CMU ARCTIC bdl (US man; CMU's licence as above): all 1,132 prompts, 51 minutes, in
+  deep-voice-conversion's datasets (MIT; its README names CMU ARCTIC as their source).
+* VCTK (CC BY 4.0) p230, p233, p236, p243, p244, p254, p258, p259 and p273 (British
+  English, 4 F and 5 M), one recording each (sentence 023) from StarGANv2-VC's demo
+  clips (MIT; VCTK's wav48). p228 is there too; it stays held out.
+
 * ``dataset-voice-kathleen``: one native US English woman reading the CMU ARCTIC prompts
   (CC0; 1,620 recordings, 82 minutes; 48 kHz stereo, silence trimmed). The text is the
   prompt that was read.
@@ -133,6 +149,15 @@ TRUE_TEXT_SPEAKERS: tuple[tuple[str, str, str, str, str], ...] = (
     ("ljspeech", "ljspeech", "F", "US", "TTS/tests/data/ljspeech/wavs/*.wav"),
 )
 TRUE_TEXT_CORPORA = frozenset(corpus for corpus, *_ in TRUE_TEXT_SPEAKERS)
+#: Real speakers whose true text is known, trained on (same fields): ARCTIC's bdl reading
+#: the ARCTIC prompts, and nine VCTK speakers reading VCTK's sentence 023.
+TRAINING_TRUE_TEXT_SPEAKERS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("arctic", "arctic-bdl", "M", "US", "deep-voice-conversion/datasets/arctic/bdl/*.wav"),
+    *(("vctk", f"vctk-{spk}", sex, "British", f"StarGANv2-VC/Demo/VCTK-corpus/{spk}/*.wav")
+      for spk, sex in (("p230", "F"), ("p233", "F"), ("p236", "F"), ("p243", "M"),
+                       ("p244", "F"), ("p254", "M"), ("p258", "M"), ("p259", "M"),
+                       ("p273", "M"))),
+)
 VITS_FILELISTS = Path("src/vits/filelists")
 
 
@@ -276,7 +301,7 @@ def find_items(root: Path) -> list[_Item]:
 
 
 def _true_text_items(root: Path) -> list[_Item]:
-    """The held-out speakers with true text: ARCTIC prompts as Kathleen's files give them,
+    """The speakers with true text: ARCTIC prompts as Kathleen's files give them,
     VCTK and LJSpeech text from vits's file lists (a recording without text is skipped)."""
     texts: dict[str, str] = {}
     for txt in sorted((root / KATHLEEN_DIR).glob("arctic_*.txt")):
@@ -289,7 +314,7 @@ def _true_text_items(root: Path) -> list[_Item]:
             if len(parts) >= 2:
                 texts.setdefault(Path(parts[0]).stem, parts[-1].strip())
     items: list[_Item] = []
-    for corpus, speaker, sex, accent, pattern in TRUE_TEXT_SPEAKERS:
+    for corpus, speaker, sex, accent, pattern in TRUE_TEXT_SPEAKERS + TRAINING_TRUE_TEXT_SPEAKERS:
         for wav in sorted((root / "src").glob(pattern)):
             prompt = re.search(r"[ab]\d{4}$", wav.stem)  # arctic_a0001, cmu_arctic_us_aew_a0001
             key = f"arctic_{prompt.group(0)}" if corpus == "arctic" and prompt else wav.stem
@@ -300,11 +325,12 @@ def _true_text_items(root: Path) -> list[_Item]:
 
 
 def load_audio(path: str) -> np.ndarray:
-    """First channel, 16 kHz float32."""
+    """First channel, 16 kHz float32 within [-1, 1] (resampling a recording that peaks at
+    full scale rings a little past it)."""
     import soundfile as sf
 
     audio, rate = sf.read(path, dtype="float32", always_2d=True)
-    return resample(audio[:, 0], rate, SAMPLE_RATE)
+    return np.clip(resample(audio[:, 0], rate, SAMPLE_RATE), -1.0, 1.0)
 
 
 def _pad(audio: np.ndarray) -> np.ndarray:
@@ -498,13 +524,25 @@ def prepare(root: Path, workers: int = 2, limit: int | None = None,
     dict_path = write_align_dict(lex, root / "align.dict")
     log(f"lexicon: {len(lex)} of {len(words)} words pronounced")
     t0 = time.time()
+    done = _cached_alignments(root / CACHE_NAME) if not limit else {}
     utts: list[RealUtterance] = []
     failed: list[str] = []
-    jobs = [(it, texts[it.utt_id], str(dict_path)) for it in items]
+    jobs = []
+    for it in items:
+        cached = done.get(it.utt_id)
+        words = " ".join(normalise_words(texts[it.utt_id]))
+        if cached is not None and cached.text == words and cached.speaker == it.speaker:
+            utts.append(cached)
+        else:
+            jobs.append((it, texts[it.utt_id], str(dict_path)))
+    log(f"{len(utts)} alignments reused from {CACHE_NAME}; aligning {len(jobs)}")
     with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(lex,)) as ex:
         for res in ex.map(_align_item, jobs, chunksize=8):
             (failed if isinstance(res, str) else utts).append(res)  # type: ignore[arg-type]
-    log(f"aligned {len(utts)} ({len(failed)} skipped) in {time.time() - t0:.0f} s")
+    order = {it.utt_id: k for k, it in enumerate(items)}
+    utts.sort(key=lambda u: order[u.utt_id])
+    log(f"aligned {len(jobs) - len(failed)} ({len(failed)} skipped) in "
+        f"{time.time() - t0:.0f} s")
     for msg in failed[:20]:
         log("  skipped " + msg)
     if not limit:
@@ -512,6 +550,18 @@ def prepare(root: Path, workers: int = 2, limit: int | None = None,
             pickle.dump({"version": CACHE_VERSION, "utterances": utts, "skipped": failed},
                         f, protocol=pickle.HIGHEST_PROTOCOL)
     return utts
+
+
+def _cached_alignments(path: Path) -> dict[str, RealUtterance]:
+    """The utterances a previous ``prepare`` aligned, by id (none if it never ran): a new
+    source is then aligned alone, the rest reused when their text has not changed."""
+    if not path.exists():
+        return {}
+    with path.open("rb") as f:
+        data = pickle.load(f)
+    if data.get("version") != CACHE_VERSION:
+        return {}
+    return {u.utt_id: u for u in data["utterances"]}
 
 
 def load_real_speech(root: str | Path) -> list[RealUtterance]:
@@ -529,10 +579,10 @@ def load_real_speech(root: str | Path) -> list[RealUtterance]:
 def heldout_speakers(utts: list[RealUtterance]) -> set[str]:
     """Speakers never trained on: LibriSpeech test-other (10), 8 F + 8 M of the
     train-clean-100 speakers (lowest speaker numbers of each sex), and every speaker whose
-    true text is known but Kathleen (:data:`TRUE_TEXT_SPEAKERS`)."""
+    true text is known and listed for evaluation (:data:`TRUE_TEXT_SPEAKERS`)."""
     present = {u.speaker for u in utts}
     held = {s for s in HELDOUT_TEST_OTHER if s in present}
-    held.update(u.speaker for u in utts if u.corpus in TRUE_TEXT_CORPORA)
+    held.update({speaker for _, speaker, *_ in TRUE_TEXT_SPEAKERS} & present)
     clean = sorted({(int(u.speaker.split("-")[1]), u.speaker, u.sex) for u in utts
                     if u.corpus == "librispeech" and u.speaker not in HELDOUT_TEST_OTHER})
     for sex in ("F", "M"):
