@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--real-speech", metavar="ROOT", default=None,
                     help="also train on the recordings of real people prepared there "
                          "(inference.training.real_speech); its held-out speakers never")
-    ap.add_argument("--real-copies", type=Copies.parse, default="kathleen=1,librispeech=4",
+    ap.add_argument("--real-copies", type=Copies.parse,
+                    default="kathleen=1,librispeech=4,vctk=4",
                     help="times each recording enters training (each with its own "
                          "augmentation draws): N, or per corpus, e.g. "
                          "kathleen=1,librispeech=4 (one reader's 93 minutes would "
