@@ -189,6 +189,10 @@ class SessionSettings:
                                     "lips then trail the sound by up to this much for that "
                                     "frame, instead of a frozen picture for a whole frame",
                                     low=0.0, high=40.0)
+    audio_packet_ms: int = setting(40, "returned speech per RTP packet (Opus frames of 20 ms "
+                                   "joined): 40 sends half the packets of 20, and with them "
+                                   "half the audio's per-packet work; a packet lost takes "
+                                   "that much sound with it", choices=(20, 40, 60))
     jitter_ms: float = setting(30.0, "inbound audio held beyond the 20 ms chunk being read, "
                                "to ride out a late packet; after a stall or with a skewed "
                                "sender clock the buffer is steered back to it by playing "
@@ -268,6 +272,10 @@ class Settings:
             (not self.ice.udp_ports or (len(self.ice.udp_ports) == 2
                                         and self.ice.udp_ports[0] <= self.ice.udp_ports[1]),
              f"ice.udp_ports={self.ice.udp_ports}: give two ports, low then high"),
+            (self.session.pipeline_delay_ms >= self.session.audio_packet_ms + 40,
+             f"session.pipeline_delay_ms={self.session.pipeline_delay_ms} must be at least "
+             f"session.audio_packet_ms={self.session.audio_packet_ms} + 40: a packet's last "
+             "chunk is read from the input before the packet leaves"),
             (self.session.jitter_ms + 20 < self.session.max_buffer_ms,
              f"session.jitter_ms={self.session.jitter_ms} plus a 20 ms chunk must be below "
              f"session.max_buffer_ms={self.session.max_buffer_ms}"),

@@ -92,9 +92,10 @@ class SpeechOpusEncoder:
     """The returned speech as Opus packets, made in the audio track so aiortc only packs
     them. aiortc's own encoder resamples every 20 ms chunk to stereo and runs on an
     executor thread (a thread hop per chunk costs more than encoding it); this one encodes
-    the mono chunk as it is, CELT-only (``lowdelay``) at 64 kbit/s: 0.058 ms a chunk
-    against 0.097 ms, before the saved hop. Packets carry the chunk's own timestamp, so
-    a track that skips ahead stays on the session clock."""
+    the mono chunk as it is, CELT-only (``lowdelay``) at 64 kbit/s, at complexity 5 (what
+    WebRTC itself uses on phones): 0.045 ms of CPU a chunk against 0.058 at the default
+    10, with the same spectral error on real speech (BENCHMARKS.md). Packets carry the
+    chunk's own timestamp, so a track that skips ahead stays on the session clock."""
 
     def __init__(self) -> None:
         codec = av.CodecContext.create("libopus", "w")
@@ -103,7 +104,7 @@ class SpeechOpusEncoder:
         codec.layout = "mono"
         codec.sample_rate = AUDIO_RATE
         codec.time_base = fractions.Fraction(1, AUDIO_RATE)
-        codec.options = {"application": "lowdelay"}
+        codec.options = {"application": "lowdelay", "compression_level": "5"}
         self.codec = codec
 
     def encode(self, frame: av.AudioFrame) -> av.Packet:
@@ -113,3 +114,30 @@ class SpeechOpusEncoder:
         packet.pts = frame.pts
         packet.time_base = frame.time_base
         return packet
+
+
+def _opus_length(size: int) -> bytes:
+    """A frame's length as an Opus packet codes it (RFC 6716, 3.2.1)."""
+    if size < 252:
+        return bytes([size])
+    first = 252 + (size & 3)
+    return bytes([first, (size - first) >> 2])
+
+
+def join_opus(packets: list[av.Packet]) -> av.Packet | None:
+    """Consecutive one-frame Opus packets as one packet of all their frames (RFC 6716,
+    3.2.5: code 3, each length but the last coded), stamped as the first; None where
+    they cannot share one (not one frame each, or their modes differ). Sending 40 ms of
+    speech a packet halves the audio's packets, and with them the per-packet work of
+    the sender (RTP, SRTP, a system call each); the frames are the encoder's own, so the
+    sound is the same."""
+    data = [bytes(p) for p in packets]
+    if len(data) < 2 or len(data) > 48 or any(not d or d[0] & 0x03 for d in data) or \
+            any(d[0] != data[0][0] for d in data):
+        return None
+    frames = [d[1:] for d in data]
+    header = bytes([data[0][0] | 0x03, 0x80 | len(frames)])  # code 3, VBR, no padding
+    lengths = b"".join(_opus_length(len(f)) for f in frames[:-1])
+    joined = av.Packet(header + lengths + b"".join(frames))
+    joined.pts, joined.time_base = packets[0].pts, packets[0].time_base
+    return joined

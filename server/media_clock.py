@@ -41,10 +41,16 @@ class MediaClock:
     chunk_samples: int = AUDIO_RATE // 50
     #: How late past its send time a frame may still leave, rather than the last one again.
     grace: float = 0.0
+    #: Audio chunks sent together in one packet, at the first one's send time.
+    packet_chunks: int = 1
 
     @property
     def chunk_seconds(self) -> float:
         return self.chunk_samples / AUDIO_RATE
+
+    @property
+    def packet_seconds(self) -> float:
+        return self.packet_chunks * self.chunk_seconds
 
     @property
     def frame_seconds(self) -> float:
@@ -59,7 +65,9 @@ class MediaClock:
         return self.origin + (k + 1) * self.chunk_seconds
 
     def audio_send_time(self, k: int) -> float:
-        return self.origin + self.delay + k * self.chunk_seconds
+        """When chunk ``k`` leaves: with the packet it is in, at that packet's first chunk's
+        time on the timeline."""
+        return self.origin + self.delay + (k - k % self.packet_chunks) * self.chunk_seconds
 
     def video_send_time(self, i: int) -> float:
         return self.origin + self.delay + i * self.frame_seconds
@@ -77,12 +85,15 @@ class MediaClock:
         return max(0, math.floor(self._periods_sent(t, self.frame_seconds) + 1e-6))
 
     def chunk_index_due(self, t: float) -> int:
-        """The newest audio chunk whose send time has come by ``t`` (0 before the first)."""
-        return max(0, math.floor(self._periods_sent(t, self.chunk_seconds) + 1e-6))
+        """The first chunk of the newest audio packet whose send time has come by ``t`` (0
+        before the first)."""
+        packets = math.floor(self._periods_sent(t, self.packet_seconds) + 1e-6)
+        return max(0, packets * self.packet_chunks)
 
     def chunk_index_at(self, t: float) -> int:
-        """The first audio chunk whose send time has not passed by ``t``."""
-        return max(0, math.ceil(self._periods_sent(t, self.chunk_seconds)))
+        """The first audio chunk whose send time has not passed by ``t`` (a packet's first)."""
+        packets = math.ceil(self._periods_sent(t, self.packet_seconds))
+        return max(0, packets * self.packet_chunks)
 
     def video_pts(self, i: int) -> int:
         return i * VIDEO_RATE // self.fps

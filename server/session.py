@@ -135,7 +135,8 @@ class Session:
             on_grid(loop.time(), fps, *grid_phase)
         self.clock = MediaClock(origin=origin, fps=fps,
                                 delay=settings.pipeline_delay_ms / 1000.0,
-                                grace=settings.frame_grace_ms / 1000.0)
+                                grace=settings.frame_grace_ms / 1000.0,
+                                packet_chunks=settings.audio_packet_ms // 20)
         self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
                                   settings.max_buffer_ms)
         self.speech = Utterances(session_id, self.clock, SpeechQueue(

@@ -11,6 +11,7 @@ import asyncio
 import fractions
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -20,7 +21,7 @@ import numpy as np
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder
+from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder, join_opus
 from server.media_clock import AUDIO_RATE, VIDEO_RATE, MediaClock
 
 log = logging.getLogger(__name__)
@@ -332,9 +333,10 @@ class SharedVideoTrack(MediaStreamTrack):
 
 
 class SessionAudioTrack(MediaStreamTrack):
-    """The driving audio, delayed by the pipeline delay: chunk ``k`` at
-    ``clock.audio_send_time(k)``; silence keeps the RTP clock running when there is none.
-    Chunks leave already encoded (``SpeechOpusEncoder``): aiortc only packs them."""
+    """The driving audio, delayed by the pipeline delay: the packet of chunks from ``k``
+    at ``clock.audio_send_time(k)``; silence keeps the RTP clock running when there is
+    none. Chunks leave already encoded (``SpeechOpusEncoder``), ``clock.packet_chunks``
+    of them joined in one packet (``join_opus``): aiortc only packs them."""
 
     kind = "audio"
 
@@ -344,15 +346,29 @@ class SessionAudioTrack(MediaStreamTrack):
         self._next = 0
         self._time_base = fractions.Fraction(1, AUDIO_RATE)
         self._encoder: SpeechOpusEncoder | None = SpeechOpusEncoder()
+        self._unsent: deque[av.Packet] = deque()  # chunks that could not be joined
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live" or self._source.is_closed:
             self.stop()
             raise MediaStreamError
+        if self._unsent:
+            return self._unsent.popleft()
         clock = self._source.clock
         loop = asyncio.get_running_loop()
         k = max(self._next, clock.chunk_index_due(loop.time()))  # late: sent late, as video
         await sleep_until(clock.audio_send_time(k))
+        now = loop.time()
+        packets = [self._encode(j, now) for j in range(k, k + clock.packet_chunks)]
+        self._next = k + clock.packet_chunks
+        joined = join_opus(packets) if len(packets) > 1 else packets[0]
+        if joined is not None:
+            return joined
+        self._unsent.extend(packets[1:])
+        return packets[0]
+
+    def _encode(self, k: int, now: float) -> av.Packet:
+        clock = self._source.clock
         samples = self._source.audio_chunk(k)
         if samples is None:
             samples = np.zeros(clock.chunk_samples, np.int16)
@@ -360,8 +376,7 @@ class SessionAudioTrack(MediaStreamTrack):
         frame.sample_rate = AUDIO_RATE
         frame.pts = clock.audio_pts(k)
         frame.time_base = self._time_base
-        self._next = k + 1
-        self._source.report_audio(k, loop.time())
+        self._source.report_audio(k, now)
         if self._encoder is None:  # stopped while it slept
             raise MediaStreamError
         return self._encoder.encode(frame)

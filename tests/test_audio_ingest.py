@@ -2,6 +2,7 @@ import os
 
 import av
 import numpy as np
+import pytest
 
 from server.audio_ingest import AudioIngest, Resampler, to_mono_48k
 from server.media_clock import MediaClock
@@ -97,6 +98,16 @@ def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():
     assert clock.video_index_due(clock.video_send_time(7) - 0.001) == 6
     assert clock.video_index_due(clock.video_send_time(7)) == 7
     assert clock.chunk_index_at(clock.audio_send_time(9) + 0.001) == 10
+
+
+def test_chunks_sent_as_one_packet_leave_at_the_first_ones_time():
+    clock = MediaClock(origin=100.0, fps=25, delay=0.14, packet_chunks=2)
+    assert clock.audio_send_time(4) == clock.audio_send_time(5) == clock.video_send_time(2)
+    assert clock.audio_send_time(6) - clock.audio_send_time(5) == pytest.approx(0.04)
+    assert clock.chunk_index_due(clock.audio_send_time(5) + 0.025) == 4
+    assert clock.chunk_index_due(clock.audio_send_time(6)) == 6
+    # an interruption now cannot unsend chunk 5: it left with chunk 4
+    assert clock.chunk_index_at(clock.audio_send_time(4) + 0.001) == 6
 
 
 async def _pair(sender_track, on_receiver_track):  # type: ignore[no-untyped-def]

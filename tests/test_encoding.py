@@ -1,6 +1,7 @@
 """The tuned encoders: what the VP8 one sends decodes to the frame it was given, and every
 VP8 sender of the process uses it once installed; the speech Opus one decodes back to the
-speech, one packet per chunk on the chunk's own timestamp."""
+speech, one packet per chunk on the chunk's own timestamp, and packets joined decode to
+the same sound as the packets one by one."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from aiortc.codecs import get_capabilities, vpx
 from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
 from inference.tts import SpeechUnavailable, conversation
-from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder, use_realtime_vp8
+from server.encoding import (
+    RealtimeVp8Encoder,
+    SpeechOpusEncoder,
+    join_opus,
+    use_realtime_vp8,
+)
 
 
 def _frames(count: int) -> list[np.ndarray]:
@@ -79,3 +85,44 @@ def test_speech_opus_packets_decode_to_the_speech_on_the_chunks_timestamps():
     n = len(sent) - 400
     lag = int(np.argmax([np.dot(got[d:d + n], sent[:n]) for d in range(400)]))  # codec delay
     assert np.corrcoef(got[lag:lag + n], sent[:n])[0, 1] > 0.95
+
+
+def _speech_packets(count: int) -> list[av.Packet]:
+    t = np.arange(960 * count) / 48000
+    voice = 6000 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))
+    noise = np.random.default_rng(0).normal(0, 300, t.size)
+    encoder = SpeechOpusEncoder()
+    packets = []
+    for k in range(count):
+        chunk = (voice + noise)[960 * k:960 * (k + 1)].astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.time_base = 48000, fractions.Fraction(1, 48000)
+        frame.pts = 960 * k
+        packets.append(encoder.encode(frame))
+    return packets
+
+
+def _decoded(packets: list[av.Packet]) -> np.ndarray:
+    decoder = av.CodecContext.create("libopus", "r")
+    decoder.format, decoder.layout, decoder.sample_rate = "s16", "mono", 48000
+    return np.concatenate([f.to_ndarray().reshape(-1) for p in packets
+                           for f in decoder.decode(p)])
+
+
+@pytest.mark.parametrize("per_packet", [2, 3])
+def test_joined_opus_packets_decode_to_the_same_sound_as_the_frames_one_by_one(per_packet):
+    packets = _speech_packets(12)
+    joined = [join_opus(packets[i:i + per_packet]) for i in range(0, 12, per_packet)]
+    assert all(j is not None for j in joined)
+    assert [j.pts for j in joined] == [p.pts for p in packets[::per_packet]]  # type: ignore[union-attr]
+    one_by_one, together = _decoded(packets), _decoded(joined)  # type: ignore[arg-type]
+    assert together.size == one_by_one.size == 12 * 960
+    assert np.array_equal(together, one_by_one) and np.abs(together).max() > 3000
+
+
+def test_opus_packets_of_other_modes_or_several_frames_are_not_joined():
+    a, b, c = _speech_packets(3)
+    other_mode = av.Packet(bytes([bytes(b)[0] ^ 0x80]) + bytes(b)[1:])  # another config
+    assert join_opus([a, other_mode]) is None
+    assert join_opus([join_opus([a, b]), c]) is None  # type: ignore[list-item]
+    assert join_opus([a]) is None and join_opus([a, av.Packet(b"")]) is None

@@ -1,12 +1,15 @@
-"""The outbound video track on a source the test controls: it sends each frame index at
-its clock time, repeats the last frame when the next is not ready, and reports frame times
-it had to skip because the event loop fell behind."""
+"""The outbound tracks on a source the test controls: video sends each frame index at its
+clock time, repeats the last frame when the next is not ready, and reports frame times it
+had to skip because the event loop fell behind; audio sends its chunks joined in packets
+on the same clock."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
+import av
 import numpy as np
 
 from server.media_clock import MediaClock
@@ -87,6 +90,34 @@ async def test_an_audio_chunk_the_loop_comes_to_late_still_leaves() -> None:
     time.sleep(0.05)  # past chunks 4 and 5: 4 is skipped, 5 leaves late
     await track.recv()
     assert source.reported == [0, 1, 2, 3, 5]
+
+
+async def test_audio_chunks_leave_joined_in_packets_of_the_clock_and_a_late_packet_is_skipped():
+    from server.tracks import SessionAudioTrack
+
+    class Audio:
+        clock = replace(Source().clock, packet_chunks=2)
+        is_closed = False
+        reported: list[tuple[int, float]] = []
+
+        def audio_chunk(self, k: int) -> np.ndarray:
+            t = (960 * k + np.arange(960)) / 48000
+            return (8000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+
+        def report_audio(self, k: int, sent_at: float) -> None:
+            self.reported.append((k, sent_at))
+
+    source = Audio()
+    track = SessionAudioTrack(source)  # type: ignore[arg-type]
+    decoder = av.CodecContext.create("libopus", "r")
+    packets = [await track.recv() for _ in range(2)]
+    time.sleep(0.09)  # past packet 3's time (chunks 6 and 7), not packet 4's
+    packets.append(await track.recv())
+    assert [p.pts for p in packets] == [0, 1920, 5760]  # packet 2 skipped, not sent late
+    assert all(sum(f.samples for f in decoder.decode(p)) == 1920 for p in packets)
+    assert [k for k, _ in source.reported] == [0, 1, 2, 3, 6, 7]
+    sent = dict(source.reported)
+    assert sent[1] == sent[0] and sent[3] - sent[0] >= 0.04 - 0.002
 
 
 def test_clocks_started_on_one_phase_of_the_grid_share_their_instants() -> None:

@@ -168,7 +168,7 @@ def test_a_counting_peer_sends_encoded_speech_and_counts_what_a_decoding_one_see
         server, speech_wav):
     """The load generator's peer (``benchmarks.sessions``): speech encoded once, replayed;
     frames counted from their RTP headers, not decoded. It counts the 25 video frames and
-    50 audio packets a second a decoding peer gets, stamped as that one's are, the server
+    25 audio packets (40 ms each, ``session.audio_packet_ms``) a second a decoding peer gets, stamped as that one's are, the server
     hears its speech, and its bandwidth estimate reaches the encoder as a real one's."""
     import asyncio
 
@@ -185,7 +185,8 @@ def test_a_counting_peer_sends_encoded_speech_and_counts_what_a_decoding_one_see
     received, listed = asyncio.run(run())
     (stats,) = [s["stats"] for s in listed if s["session_id"] == received.session_id]
     assert 24.0 <= received.video_fps() <= 26.0 and len(received.video.pts) >= 120
-    assert 48.0 <= 1 / np.median(np.diff(received.audio.arrivals)) <= 52.0
+    assert 24.0 <= 1 / np.median(np.diff(received.audio.arrivals)) <= 26.0
+    assert np.median(np.diff(received.audio.pts)) == 1920
     # RTP time from the stream's first frame, as a decoded frame's pts: 3600 ticks a frame.
     steps = np.diff(received.video.pts)
     assert np.median(steps) == 3600 and (steps > 0).all()
