@@ -33,6 +33,7 @@ from inference.scheduler import FrameResult
 from inference.service import Inference
 from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
+from server.encoding import EncodeBatches
 from server.events import EventStream
 from server.media_clock import AUDIO_RATE, MediaClock, on_grid
 from server.metrics import Metrics
@@ -103,7 +104,8 @@ class Session:
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
                  hosted: bool = False, published: bool = False, owner: str | None = None,
                  name: str | None = None, token: str | None = None,
-                 encoder_speed: int = 12, max_bitrate: int = vpx.MAX_BITRATE,
+                 encodes: EncodeBatches, encoder_speed: int = 12,
+                 max_bitrate: int = vpx.MAX_BITRATE,
                  grid_phase: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
@@ -167,6 +169,7 @@ class Session:
         #: Where the session sits in an SFU's room, if it does (``server.janus``): shown as is.
         self.room: Callable[[], dict[str, Any]] | None = None
         self._video: SharedVideo | None = None
+        self._encodes = encodes
         self._encoder_speed = encoder_speed
         self._max_bitrate = max_bitrate
         self._coefficients_sent = -1
@@ -213,7 +216,8 @@ class Session:
         With ``shared`` (a VP8 viewer) its video is the session's one encoding; else it is
         encoded for this viewer alone."""
         if shared and self._video is None:
-            self._video = SharedVideo(self, self._encoder_speed, self._max_bitrate,
+            self._video = SharedVideo(self, self._encodes, self._encoder_speed,
+                                      self._max_bitrate,
                                       self._metrics.frames_encoded.inc)
         video = SharedVideoTrack(self._video) if self._video is not None and shared \
             else SessionVideoTrack(self)

@@ -17,6 +17,7 @@ from inference.engine import NO_PICTURE, Manifest
 from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
+from server.encoding import EncodeBatches
 from server.metrics import Metrics
 from server.placement import media_cost
 from server.session import Session, SessionOptions
@@ -71,6 +72,7 @@ class SessionManager:
         #: resource names one).
         self._peers: dict[str, dict[str, RTCPeerConnection]] = {}
         self._reserved: list[tuple[int, bool]] = []  # (size, motion-only) being created
+        self.encodes = EncodeBatches()  # every session's video encodes, a batch a hand-off
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -157,6 +159,7 @@ class SessionManager:
                           manifest=self.manifest, inference=self.inference,
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
                           published=published, owner=owner, name=name, token=token,
+                          encodes=self.encodes,
                           encoder_speed=self.settings.video.encoder_speed,
                           max_bitrate=self.settings.video.max_bitrate(size),
                           grid_phase=self._quietest_phase(size, motion_only))
@@ -212,3 +215,4 @@ class SessionManager:
     async def close_all(self) -> None:
         await asyncio.gather(*(s.close("server shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
+        self.encodes.close()

@@ -21,7 +21,7 @@ import numpy as np
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.encoding import RealtimeVp8Encoder, SpeechOpusEncoder, join_opus
+from server.encoding import EncodeBatches, RealtimeVp8Encoder, SpeechOpusEncoder, join_opus
 from server.media_clock import AUDIO_RATE, VIDEO_RATE, MediaClock
 
 log = logging.getLogger(__name__)
@@ -180,8 +180,9 @@ RETARGET_EVERY_S = 5.0
 
 class SharedVideo:
     """A session's video encoded once for all its viewers (VP8): a task paces the frames
-    on the session clock, encodes each once and hands the same packet to every viewer's
-    queue, where aiortc only packetises it. A viewer starts at a key frame (one is made
+    on the session clock, encodes each once (on a thread, with the other sessions' of the
+    instant: ``EncodeBatches``) and hands the same packet to every viewer's queue, where
+    aiortc only packetises it. A viewer starts at a key frame (one is made
     when it joins, and when any viewer reports a lost picture); a viewer too far behind
     starts again at the next. Before, every viewer had an encoder of its own.
 
@@ -190,9 +191,11 @@ class SharedVideo:
     until a viewer says, and never above ``max_bitrate``. (Viewers on poorer paths holding
     back the rest is the price of encoding once; simulcast layers would lift it.)"""
 
-    def __init__(self, source: VideoSource, speed: int, max_bitrate: int = vpx.MAX_BITRATE,
+    def __init__(self, source: VideoSource, encodes: EncodeBatches, speed: int,
+                 max_bitrate: int = vpx.MAX_BITRATE,
                  on_encoded: Callable[[], None] = lambda: None) -> None:
         self._source = source
+        self._encodes = encodes
         self._encoder = RealtimeVp8Encoder(speed)
         self._max_bitrate = max_bitrate
         self._encoder.target_bitrate = min(self._encoder.target_bitrate, max_bitrate)
@@ -271,14 +274,13 @@ class SharedVideo:
 
     async def _encode_frames(self) -> None:
         pictures = PicturePacer(self._source)
-        loop = asyncio.get_running_loop()
         while not self._source.is_closed:
             picture = await pictures.next()
             if not self._queues:
                 continue
             pts = picture.pts  # (encoding rescales the frame's)
             key, self._keyframe = self._keyframe, False
-            data = await loop.run_in_executor(None, self._encoder.compress, picture, key)
+            data = await self._encodes.compress(self._encoder, picture, key)
             self._on_encoded()
             packet = av.Packet(data)
             packet.pts, packet.time_base = pts, VIDEO_TIME_BASE

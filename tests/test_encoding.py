@@ -5,7 +5,9 @@ the same sound as the packets one by one."""
 
 from __future__ import annotations
 
+import asyncio
 import fractions
+import threading
 
 import aiortc.rtcrtpsender
 import av
@@ -18,6 +20,7 @@ from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
 from inference.tts import SpeechUnavailable, conversation
 from server.encoding import (
+    EncodeBatches,
     RealtimeVp8Encoder,
     SpeechOpusEncoder,
     join_opus,
@@ -126,3 +129,34 @@ def test_opus_packets_of_other_modes_or_several_frames_are_not_joined():
     assert join_opus([a, other_mode]) is None
     assert join_opus([join_opus([a, b]), c]) is None  # type: ignore[list-item]
     assert join_opus([a]) is None and join_opus([a, av.Packet(b"")]) is None
+
+
+async def test_encodes_asked_in_one_turn_of_the_loop_go_to_threads_a_batch_at_a_time():
+    class Recorded(RealtimeVp8Encoder):
+        thread = 0
+
+        def compress(self, frame: av.VideoFrame, force_keyframe: bool = False) -> bytes:
+            self.thread = threading.get_ident()
+            if frame.width == 32:
+                raise ValueError("not this one")
+            return super().compress(frame, force_keyframe)
+
+    def picture(side: int) -> av.VideoFrame:
+        frame = av.VideoFrame.from_ndarray(np.zeros((side, side, 3), np.uint8), format="rgb24")
+        frame.pts, frame.time_base = 0, fractions.Fraction(1, 25)
+        return frame
+
+    encodes = EncodeBatches(per_hand_off=4)
+    encoders = [Recorded(12) for _ in range(6)]
+    asked = [encodes.compress(e, picture(32 if i == 2 else 64), True)
+             for i, e in enumerate(encoders)]
+    asked[5].cancel()  # its session stopped waiting: the others are still answered
+    done = await asyncio.gather(*asked[:5], return_exceptions=True)
+    encodes.close()
+    assert isinstance(done[2], ValueError) and asked[5].cancelled()
+    for data in (d for i, d in enumerate(done) if i != 2):
+        decoder = av.CodecContext.create("libvpx", "r")
+        (frame,) = decoder.decode(av.Packet(data))
+        assert (frame.width, frame.height) == (64, 64)
+    threads = [e.thread for e in encoders]  # four encoded on one thread, two on another
+    assert 0 not in threads and len(set(threads[:4])) == 1 and len(set(threads[4:])) == 1

@@ -168,8 +168,9 @@ def test_a_counting_peer_sends_encoded_speech_and_counts_what_a_decoding_one_see
         server, speech_wav):
     """The load generator's peer (``benchmarks.sessions``): speech encoded once, replayed;
     frames counted from their RTP headers, not decoded. It counts the 25 video frames and
-    25 audio packets (40 ms each, ``session.audio_packet_ms``) a second a decoding peer gets, stamped as that one's are, the server
-    hears its speech, and its bandwidth estimate reaches the encoder as a real one's."""
+    25 audio packets (40 ms each, ``session.audio_packet_ms``) a second a decoding peer
+    gets, stamped as that one's are, the server hears its speech, and its bandwidth
+    estimate reaches the encoder as a real one's."""
     import asyncio
 
     from server.client import EncodedSpeech
