@@ -156,9 +156,10 @@ class SpeechOpusEncoder:
     them. aiortc's own encoder resamples every 20 ms chunk to stereo and runs on an
     executor thread (a thread hop per chunk costs more than encoding it); this one encodes
     the mono chunk as it is, CELT-only (``lowdelay``) at 64 kbit/s, at complexity 5 (what
-    WebRTC itself uses on phones): 0.045 ms of CPU a chunk against 0.058 at the default
-    10, with the same spectral error on real speech (BENCHMARKS.md). Packets carry the
-    chunk's own timestamp, so a track that skips ahead stays on the session clock."""
+    WebRTC itself uses on phones): a quarter less CPU than the default 10, with the same
+    spectral error on real speech (``python -m benchmarks.speech_encoding``). Packets
+    carry the chunk's own timestamp, so a track that skips ahead stays on the session
+    clock."""
 
     def __init__(self) -> None:
         codec = av.CodecContext.create("libopus", "w")
