@@ -234,6 +234,7 @@ class RemoteInference:
         self._hello: asyncio.Future[tuple[int, dict[int, float]]] | None = None
         self.dead = False
         self._death = "not connected to the inference process"
+        self._stopping = False
         self._submits = Outbox("submit", self._send)
 
     @property
@@ -385,7 +386,8 @@ class RemoteInference:
         self.dead = True
         if self._conn is not None:
             asyncio.get_running_loop().remove_reader(self._conn.fileno())
-        log.error("%s; its frames are dropped", self._death)
+        # A process that said it was stopping (the server shutting down) did not die.
+        (log.info if self._stopping else log.error)("%s; its frames are dropped", self._death)
         self._fail_everything(self._death)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
@@ -402,6 +404,9 @@ class RemoteInference:
                 call.set_result(value)
             else:
                 call.set_exception(InferenceProcessError(value))
+        elif kind == "stopping":
+            self._stopping = True
+            self._death = "the inference process stopped"
         elif kind == "hello" and self._hello is not None and not self._hello.done():
             self._hello.set_result((message[1], message[2]))
 
@@ -637,6 +642,7 @@ class _Server:
         watch.cancel()
         listener.close()
         for worker in list(self.workers):
+            worker.send(("stopping",))
             worker.disconnect()
         await self.service.stop()
 

@@ -1,7 +1,8 @@
 """The scheduler and the real engine in an inference process, fed through shared memory:
 the frames that come back are the engine's own, one batch spans several workers, a bad
-call is a clear error, a worker that leaves takes its portraits with it, and a process
-that dies answers every waiting frame and leaks no shared memory."""
+call is a clear error, a worker that leaves takes its portraits with it, a process that
+dies answers every waiting frame and leaks no shared memory, and one stopped in order is
+not taken for dead."""
 
 from __future__ import annotations
 
@@ -137,6 +138,32 @@ async def test_a_dead_engine_process_answers_every_frame_and_leaks_nothing(portr
         await inference.stop()
     assert not ring.exists()
     assert "error" in drops
+
+
+async def test_an_inference_process_stopped_in_order_is_not_reported_as_dead(portraits, caplog):
+    """A server shutting down stops its inference process: its workers hear that it
+    stopped, and log no error that it died."""
+    inference = process()
+    await inference.start()
+    try:
+        slot = await inference.prepare(portraits[256])
+        with caplog.at_level("INFO", logger="inference.inference_process"):
+            await inference.process.stop()
+            for _ in range(100):
+                if inference.dead:
+                    break
+                await asyncio.sleep(0.05)
+        assert inference.dead
+        assert await inference.submit(frames(slot, 1)[0], asyncio.get_running_loop().time()
+                                      + 10) is None
+        with pytest.raises(InferenceProcessError, match="stopped"):
+            await inference.prepare(portraits[256])
+    finally:
+        await inference.stop()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "inference.inference_process"]
+    assert ("INFO", "the inference process stopped; its frames are dropped") in said
+    assert not [m for level, m in said if level == "ERROR"]
 
 
 async def test_one_batch_spans_two_workers_and_a_leaving_worker_frees_its_portraits(portraits):
