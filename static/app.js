@@ -458,6 +458,20 @@ window.sonic = {
     });
     return frames;
   },
+  // The returned speech as the receiver has it: samples played out, of them concealed
+  // (made up for audio that did not come), and packets.
+  async audioReceived() {
+    const audio = { samples: 0, concealed: 0, packets: 0 };
+    if (!pc) return audio;
+    (await pc.getStats()).forEach((s) => {
+      if (s.type === 'inbound-rtp' && s.kind === 'audio') {
+        audio.samples = s.totalSamplesReceived ?? 0;
+        audio.concealed = s.concealedSamples ?? 0;
+        audio.packets = s.packetsReceived ?? 0;
+      }
+    });
+    return audio;
+  },
 };
 
 loadAvatars().catch((error) => {

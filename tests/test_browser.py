@@ -101,6 +101,7 @@ COUNT_VIDEO_FRAMES = """() => {
 
 SAMPLE = """async () => ({
     frames: await window.sonic.framesDecoded(),
+    audio: await window.sonic.audioReceived(),
     currentTime: document.getElementById('video').currentTime,
     presented: window.presented,
 })"""
@@ -186,6 +187,12 @@ async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
             assert after["currentTime"] - before["currentTime"] >= 4.0, (before, after)
             assert after["presented"] - before["presented"] >= 50, (before, after)
             assert await page.evaluate("document.getElementById('video').videoWidth") == 256
+            # The returned speech plays out whole, in 40 ms packets (session.audio_packet_ms).
+            samples = after["audio"]["samples"] - before["audio"]["samples"]
+            concealed = after["audio"]["concealed"] - before["audio"]["concealed"]
+            packets = after["audio"]["packets"] - before["audio"]["packets"]
+            assert samples >= 4.0 * 48000 and concealed <= 0.02 * samples, (before, after)
+            assert abs(packets - samples / 1920) <= 3, (before, after)
 
             # The stats panel shows numbers (it refreshes every second).
             stats = page.locator("#stats")
