@@ -2,9 +2,11 @@
 viewer's audio goes silent and the avatar's mouth closes.
 
 A real server on loopback, one hosted session, one aiortc viewer that decodes. For each
-trial the application streams an espeak-ng sentence and cuts it 2-3 s in; the viewer's
-own arrival times give the latencies: the last audible chunk and the last frame whose
-mouth is still open after the request.
+trial the application streams an espeak-ng sentence and cuts it 2-3 s in. The audio's
+latency is to the last audible packet as the server sent it (its sender reports' clock):
+aiortc's receiver holds four packets before it plays any, 160 ms of 40 ms ones, which a
+browser's time-based buffer does not; the mouth's is to the last frame the viewer got
+whose mouth is still open after the request.
 
     python -m benchmarks.interrupt --trials 10
 """
@@ -23,6 +25,8 @@ from benchmarks.sessions import _get, started_server
 from inference.tts import espeak, wav_bytes
 from server.client import run_session
 from server.peer import pin_host_addresses
+
+NTP_EPOCH = 2208988800  # sender reports count seconds from 1900
 
 SENTENCE = ("Let me tell you a rather long story about a lighthouse keeper, who counted every "
             "ship that passed his rock for forty years, and never once left the island.")
@@ -48,6 +52,7 @@ async def trial(url: str, wav: bytes, cut_after: float) -> tuple[float, float]:
                 pass
             await asyncio.sleep(cut_after)
             marks["at"] = time.monotonic()
+            marks["at_wall"] = time.time()
             async with http.post(f"{url}/sessions/{session}/interrupt"):
                 pass
 
@@ -58,9 +63,9 @@ async def trial(url: str, wav: bytes, cut_after: float) -> tuple[float, float]:
             pass
     at = marks["at"]
     loud = np.array([np.sqrt(np.mean(d.astype(np.float32) ** 2)) for d in received.audio.data])
-    arrivals = np.asarray(received.audio.arrivals)
-    heard = arrivals[(arrivals > at - 1.0) & (loud > 300)]
-    silence = max(0.0, float(heard.max() - at)) if heard.size else float("nan")
+    sent = received.audio.sender_times() - NTP_EPOCH
+    heard = sent[(sent > marks["at_wall"] - 1.0) & (loud > 300)]
+    silence = max(0.0, float(heard.max() - marks["at_wall"])) if heard.size else float("nan")
     mouth = mouth_openness(received.video.data, _box(url))
     shown = np.asarray(received.video.arrivals)
     open_level = np.percentile(mouth[(shown > at - 2.0) & (shown < at)], 90)

@@ -189,14 +189,15 @@ def _opus_length(size: int) -> bytes:
 
 
 def join_opus(packets: list[av.Packet]) -> av.Packet | None:
-    """Consecutive one-frame Opus packets as one packet of all their frames (RFC 6716,
-    3.2.5: code 3, each length but the last coded), stamped as the first; None where
-    they cannot share one (not one frame each, or their modes differ). Sending 40 ms of
+    """Consecutive one-frame Opus packets of 20 ms as one packet of all their frames (RFC
+    6716, 3.2.5: code 3, each length but the last coded), stamped as the first; None
+    where they cannot share one (not one frame each, their modes differ, or more than
+    the 120 ms a packet may hold). Sending 40 ms of
     speech a packet halves the audio's packets, and with them the per-packet work of
     the sender (RTP, SRTP, a system call each); the frames are the encoder's own, so the
     sound is the same."""
     data = [bytes(p) for p in packets]
-    if len(data) < 2 or len(data) > 48 or any(not d or d[0] & 0x03 for d in data) or \
+    if len(data) < 2 or len(data) > 6 or any(not d or d[0] & 0x03 for d in data) or \
             any(d[0] != data[0][0] for d in data):
         return None
     frames = [d[1:] for d in data]

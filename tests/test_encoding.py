@@ -129,6 +129,7 @@ def test_opus_packets_of_other_modes_or_several_frames_are_not_joined():
     assert join_opus([a, other_mode]) is None
     assert join_opus([join_opus([a, b]), c]) is None  # type: ignore[list-item]
     assert join_opus([a]) is None and join_opus([a, av.Packet(b"")]) is None
+    assert join_opus([a] * 6) is not None and join_opus([a] * 7) is None  # 120 ms at most
 
 
 async def test_encodes_asked_in_one_turn_of_the_loop_go_to_threads_a_batch_at_a_time():
