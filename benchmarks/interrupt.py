@@ -23,10 +23,8 @@ import numpy as np
 from benchmarks.mouth import mouth_box, mouth_openness
 from benchmarks.sessions import _get, started_server
 from inference.tts import espeak, wav_bytes
-from server.client import run_session
+from server.client import NTP_EPOCH, run_session
 from server.peer import pin_host_addresses
-
-NTP_EPOCH = 2208988800  # sender reports count seconds from 1900
 
 SENTENCE = ("Let me tell you a rather long story about a lighthouse keeper, who counted every "
             "ship that passed his rock for forty years, and never once left the island.")

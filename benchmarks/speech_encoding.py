@@ -1,6 +1,6 @@
 """The returned speech's Opus encode: CPU per 20 ms chunk and what it does to the sound,
-at libopus complexities (``compression_level``), as ``server.encoding.SpeechOpusEncoder``
-sets it up otherwise (mono, CELT-only, 64 kbit/s).
+at libopus complexities (``compression_level``), through the server's own
+``server.encoding.SpeechOpusEncoder`` (mono, CELT-only, 64 kbit/s).
 
 Each configuration encodes the same speech (alternated, best of ``--repeats``) and
 decodes it again; the sound is compared with the input by SNR and by log-spectral
@@ -13,12 +13,12 @@ distance (dB, 1024-point frames), after the codec's own delay.
 from __future__ import annotations
 
 import argparse
-import fractions
 import time
 
 import av
 import numpy as np
 
+from server.encoding import SpeechOpusEncoder
 from server.media_clock import AUDIO_RATE
 
 CHUNK = AUDIO_RATE // 50
@@ -40,26 +40,15 @@ def _speech(paths: list[str]) -> list[np.ndarray]:
     return out
 
 
-def _encoder(level: int) -> av.AudioCodecContext:
-    codec = av.CodecContext.create("libopus", "w")
-    codec.bit_rate, codec.format, codec.layout = 64000, "s16", "mono"
-    codec.sample_rate, codec.time_base = AUDIO_RATE, fractions.Fraction(1, AUDIO_RATE)
-    codec.options = {"application": "lowdelay", "compression_level": str(level)}
-    return codec
-
-
 def _round_trip(speech: np.ndarray, level: int) -> tuple[float, np.ndarray]:
     """CPU seconds the encode took, and the decoded sound."""
-    encoder, decoder = _encoder(level), av.CodecContext.create("libopus", "r")
+    encoder = SpeechOpusEncoder(complexity=level)
+    decoder = av.CodecContext.create("libopus", "r")
     decoder.format, decoder.layout, decoder.sample_rate = "s16", "mono", AUDIO_RATE
     packets, cpu = [], 0.0
     for k in range(speech.size // CHUNK):
-        frame = av.AudioFrame.from_ndarray(speech[k * CHUNK:(k + 1) * CHUNK].reshape(1, -1),
-                                           format="s16", layout="mono")
-        frame.sample_rate, frame.pts = AUDIO_RATE, k * CHUNK
-        frame.time_base = fractions.Fraction(1, AUDIO_RATE)
         start = time.process_time()
-        packets += encoder.encode(frame)
+        packets.append(encoder.encode(speech[k * CHUNK:(k + 1) * CHUNK], k * CHUNK))
         cpu += time.process_time() - start
     decoded = [f.to_ndarray().reshape(-1) for p in packets for f in decoder.decode(p)]
     return cpu, np.concatenate(decoded)

@@ -33,6 +33,8 @@ from server.encoding import SpeechOpusEncoder
 from server.peer import pin_host_addresses
 
 RATES = {"audio": 48000, "video": 90000}
+#: Sender reports count seconds from 1900; ``time.time()`` from 1970.
+NTP_EPOCH = 2208988800
 
 
 @dataclass
@@ -147,14 +149,8 @@ class EncodedSpeech(MediaStreamTrack):
                 out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
                 for out in resampler.resample(frame)])
         encoder = SpeechOpusEncoder()
-        packets = []
-        for n in range(pcm.size // 960):
-            frame = av.AudioFrame.from_ndarray(pcm[n * 960:(n + 1) * 960].reshape(1, -1),
-                                               format="s16", layout="mono")
-            frame.sample_rate, frame.pts = 48000, n * 960
-            frame.time_base = fractions.Fraction(1, 48000)
-            packets.append(bytes(encoder.encode(frame)))
-        return packets
+        return [bytes(encoder.encode(pcm[n * 960:(n + 1) * 960], n * 960))
+                for n in range(pcm.size // 960)]
 
     async def recv(self) -> av.Packet:
         loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.encoding import EncodeBatches, RealtimeVp8Encoder, SpeechOpusEncoder, join_opus
-from server.media_clock import AUDIO_RATE, VIDEO_RATE, MediaClock
+from server.media_clock import VIDEO_RATE, MediaClock
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,6 @@ class SessionAudioTrack(MediaStreamTrack):
         super().__init__()
         self._source = source
         self._next = 0
-        self._time_base = fractions.Fraction(1, AUDIO_RATE)
         self._encoder: SpeechOpusEncoder | None = SpeechOpusEncoder()
         self._unsent: deque[av.Packet] = deque()  # chunks that could not be joined
 
@@ -374,14 +373,10 @@ class SessionAudioTrack(MediaStreamTrack):
         samples = self._source.audio_chunk(k)
         if samples is None:
             samples = np.zeros(clock.chunk_samples, np.int16)
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = AUDIO_RATE
-        frame.pts = clock.audio_pts(k)
-        frame.time_base = self._time_base
         self._source.report_audio(k, now)
         if self._encoder is None:  # stopped while it slept
             raise MediaStreamError
-        return self._encoder.encode(frame)
+        return self._encoder.encode(samples, clock.audio_pts(k))
 
     def stop(self) -> None:
         """Also let the encoder go now: PyAV keeps a resampler in it whose filter graph

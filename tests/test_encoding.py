@@ -76,11 +76,9 @@ def test_speech_opus_packets_decode_to_the_speech_on_the_chunks_timestamps():
     chunks = [speech[i:i + 960] for i in range(0, len(speech) - 960, 960)]
     decoded = []
     for k, chunk in enumerate(chunks):
-        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.time_base = 48000, fractions.Fraction(1, 48000)
-        frame.pts = 960 * (k + 7)  # a track that started at chunk 7
-        packet = encoder.encode(frame)
-        assert packet.pts == frame.pts and 0 < packet.size < 4 * 64000 // 8 // 50
+        pts = 960 * (k + 7)  # a track that started at chunk 7
+        packet = encoder.encode(chunk, pts)
+        assert packet.pts == pts and 0 < packet.size < 4 * 64000 // 8 // 50
         for out in decoder.decode(packet):
             decoded.append(out.to_ndarray().reshape(-1, len(out.layout.channels))[:, 0])
     got = np.concatenate(decoded).astype(float)
@@ -94,15 +92,9 @@ def _speech_packets(count: int) -> list[av.Packet]:
     t = np.arange(960 * count) / 48000
     voice = 6000 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))
     noise = np.random.default_rng(0).normal(0, 300, t.size)
+    speech = (voice + noise).astype(np.int16)
     encoder = SpeechOpusEncoder()
-    packets = []
-    for k in range(count):
-        chunk = (voice + noise)[960 * k:960 * (k + 1)].astype(np.int16)
-        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.time_base = 48000, fractions.Fraction(1, 48000)
-        frame.pts = 960 * k
-        packets.append(encoder.encode(frame))
-    return packets
+    return [encoder.encode(speech[960 * k:960 * (k + 1)], 960 * k) for k in range(count)]
 
 
 def _decoded(packets: list[av.Packet]) -> np.ndarray:

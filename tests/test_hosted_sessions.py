@@ -16,7 +16,7 @@ import pytest
 from test_webrtc_session import _mouth_box, _mouth_signal, assert_mouth_follows_speech
 
 from inference.tts import SpeechUnavailable, conversation, espeak, wav_bytes
-from server.client import run_session
+from server.client import NTP_EPOCH, run_session
 
 
 def _wav_stream(pcm: np.ndarray, rate: int) -> bytes:
@@ -24,10 +24,6 @@ def _wav_stream(pcm: np.ndarray, rate: int) -> bytes:
     data = bytearray(wav_bytes(pcm, rate))
     data[4:8] = data[40:44] = struct.pack("<I", 0xFFFFFFFF)
     return bytes(data)
-
-
-#: NTP time (sender reports) less Unix time (the events' wall_time).
-NTP_EPOCH = 2208988800
 
 
 async def _follow(http: aiohttp.ClientSession, url: str, events: list[dict]) -> None:

@@ -121,6 +121,27 @@ async def test_audio_chunks_leave_joined_in_packets_of_the_clock_and_a_late_pack
     assert sent[1] == sent[0] and sent[3] - sent[0] >= 0.04 - 0.002
 
 
+async def test_audio_chunks_that_cannot_be_joined_leave_one_by_one_in_their_order(
+        monkeypatch) -> None:
+    import server.tracks
+    from server.tracks import SessionAudioTrack
+
+    class Audio:
+        clock = replace(Source().clock, packet_chunks=2)
+        is_closed = False
+
+        def audio_chunk(self, k: int) -> np.ndarray:
+            return np.full(960, 100 * k, np.int16)
+
+        def report_audio(self, k: int, sent_at: float) -> None:
+            pass
+
+    monkeypatch.setattr(server.tracks, "join_opus", lambda packets: None)  # modes differ
+    track = SessionAudioTrack(Audio())  # type: ignore[arg-type]
+    packets = [await track.recv() for _ in range(4)]
+    assert [p.pts for p in packets] == [0, 960, 1920, 2880]
+
+
 def test_clocks_started_on_one_phase_of_the_grid_share_their_instants() -> None:
     from server.media_clock import on_grid
 
