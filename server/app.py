@@ -18,7 +18,7 @@ from inference.service import Inference, InferenceConfig, start_inline
 from server.access import Access
 from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
-from server.encoding import use_realtime_vp8
+from server.encoding import use_realtime_vp8, vp8_tuning
 from server.load import LoopLoad
 from server.metrics import Metrics
 from server.peer import pin_host_addresses
@@ -130,7 +130,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         pin_host_addresses(settings.ice.host_addresses)
         if settings.ice.udp_ports:
             bind_udp_in_range(asyncio.get_running_loop(), *settings.ice.udp_ports)
-        use_realtime_vp8(settings.video.encoder_speed)
+        use_realtime_vp8(vp8_tuning(settings.video))
         # One frame's colour conversion is too small to share out: OpenCV's thread pool
         # then spins a thread per core for each frame, in every worker at once.
         cv2.setNumThreads(1)

@@ -126,6 +126,10 @@ class VideoSettings:
                          choices=("VP8", "H264"))
     encoder_speed: int = setting(12, "VP8 encoder speed (libvpx cpu-used): higher costs less "
                                  "CPU per frame and looks a little coarser", low=0, high=16)
+    static_threshold: int = setting(
+        500, "VP8 static threshold (libvpx static-thresh): a macroblock within this summed "
+        "squared error of its prediction is not coded again, so a portrait's still "
+        "background and skin cost nothing; 0 codes every one", low=0, high=5000)
     max_bitrate_kbps: int = setting(
         1000, "most kbit/s a 256x256 stream is sent at, whatever its viewers could take "
         "(other sizes scale with their pixel count, within aiortc's 1500): above it a "

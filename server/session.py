@@ -33,7 +33,7 @@ from inference.scheduler import FrameResult
 from inference.service import Inference
 from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
-from server.encoding import EncodeBatches
+from server.encoding import EncodeBatches, Vp8Tuning
 from server.events import EventStream
 from server.media_clock import AUDIO_RATE, MediaClock, on_grid
 from server.metrics import Metrics
@@ -104,7 +104,7 @@ class Session:
                  inference: Inference, metrics: Metrics, motion_only: bool = False,
                  hosted: bool = False, published: bool = False, owner: str | None = None,
                  name: str | None = None, token: str | None = None,
-                 encodes: EncodeBatches, encoder_speed: int = 12,
+                 encodes: EncodeBatches, vp8: Vp8Tuning,
                  max_bitrate: int = vpx.MAX_BITRATE,
                  grid_phase: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -170,7 +170,7 @@ class Session:
         self.room: Callable[[], dict[str, Any]] | None = None
         self._video: SharedVideo | None = None
         self._encodes = encodes
-        self._encoder_speed = encoder_speed
+        self._vp8 = vp8
         self._max_bitrate = max_bitrate
         self._coefficients_sent = -1
         self._motion_started = False
@@ -216,7 +216,7 @@ class Session:
         With ``shared`` (a VP8 viewer) its video is the session's one encoding; else it is
         encoded for this viewer alone."""
         if shared and self._video is None:
-            self._video = SharedVideo(self, self._encodes, self._encoder_speed,
+            self._video = SharedVideo(self, self._encodes, self._vp8,
                                       self._max_bitrate,
                                       self._metrics.frames_encoded.inc)
         video = SharedVideoTrack(self._video) if self._video is not None and shared \

@@ -17,7 +17,7 @@ from inference.engine import NO_PICTURE, Manifest
 from inference.service import Inference
 from server.avatars import AvatarStore
 from server.config import Settings
-from server.encoding import EncodeBatches
+from server.encoding import EncodeBatches, vp8_tuning
 from server.metrics import Metrics
 from server.placement import media_cost
 from server.session import Session, SessionOptions
@@ -160,7 +160,7 @@ class SessionManager:
                           metrics=self.metrics, motion_only=motion_only, hosted=hosted,
                           published=published, owner=owner, name=name, token=token,
                           encodes=self.encodes,
-                          encoder_speed=self.settings.video.encoder_speed,
+                          vp8=vp8_tuning(self.settings.video),
                           max_bitrate=self.settings.video.max_bitrate(size),
                           grid_phase=self._quietest_phase(size, motion_only))
         self._sessions[session.id] = session

@@ -21,7 +21,13 @@ import numpy as np
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.encoding import EncodeBatches, RealtimeVp8Encoder, SpeechOpusEncoder, join_opus
+from server.encoding import (
+    EncodeBatches,
+    RealtimeVp8Encoder,
+    SpeechOpusEncoder,
+    Vp8Tuning,
+    join_opus,
+)
 from server.media_clock import VIDEO_RATE, MediaClock
 
 log = logging.getLogger(__name__)
@@ -191,12 +197,12 @@ class SharedVideo:
     until a viewer says, and never above ``max_bitrate``. (Viewers on poorer paths holding
     back the rest is the price of encoding once; simulcast layers would lift it.)"""
 
-    def __init__(self, source: VideoSource, encodes: EncodeBatches, speed: int,
+    def __init__(self, source: VideoSource, encodes: EncodeBatches, tuning: Vp8Tuning,
                  max_bitrate: int = vpx.MAX_BITRATE,
                  on_encoded: Callable[[], None] = lambda: None) -> None:
         self._source = source
         self._encodes = encodes
-        self._encoder = RealtimeVp8Encoder(speed)
+        self._encoder = RealtimeVp8Encoder(tuning)
         self._max_bitrate = max_bitrate
         self._encoder.target_bitrate = min(self._encoder.target_bitrate, max_bitrate)
         self._on_encoded = on_encoded

@@ -23,6 +23,7 @@ from server.encoding import (
     EncodeBatches,
     RealtimeVp8Encoder,
     SpeechOpusEncoder,
+    Vp8Tuning,
     join_opus,
     use_realtime_vp8,
 )
@@ -33,11 +34,11 @@ def _frames(count: int) -> list[np.ndarray]:
     return [np.roll(image, int(3 * np.sin(i / 4)), axis=0).copy() for i in range(count)]
 
 
-def test_the_stream_decodes_to_the_frames_it_was_given():
-    encoder = RealtimeVp8Encoder(speed=12)
+def _round_trip(encoder: RealtimeVp8Encoder, frames: list[np.ndarray]
+                ) -> tuple[list[np.ndarray], int]:
+    """What a viewer decodes of ``frames``, and the bytes it was sent."""
     decoder = av.CodecContext.create("libvpx", "r")
-    frames = _frames(30)
-    decoded = []
+    decoded, sent = [], 0
     for i, rgb in enumerate(frames):
         frame = av.VideoFrame.from_ndarray(cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420),
                                            format="yuv420p")
@@ -45,21 +46,51 @@ def test_the_stream_decodes_to_the_frames_it_was_given():
         payloads, timestamp = encoder.encode(frame, force_keyframe=i == 0)
         assert payloads and timestamp == i * 3600
         data = b"".join(vpx.vp8_depayload(p) for p in payloads)
+        sent += len(data)
         decoded += [f.to_ndarray(format="rgb24") for f in decoder.decode(av.Packet(data))]
     assert len(decoded) == len(frames)
-    error = np.mean([(d.astype(float) - f) ** 2 for d, f in zip(decoded[5:], frames[5:],
-                                                                 strict=True)])
-    assert 10 * np.log10(255**2 / error) > 33  # dB, at aiortc's starting 500 kbps
+    return decoded, sent
+
+
+def _psnr(decoded: list[np.ndarray], frames: list[np.ndarray]) -> float:
+    error = np.mean([(d.astype(float) - f) ** 2 for d, f in zip(decoded, frames, strict=True)])
+    return float(10 * np.log10(255**2 / error))
+
+
+def test_the_stream_decodes_to_the_frames_it_was_given():
+    frames = _frames(30)
+    decoded, _ = _round_trip(RealtimeVp8Encoder(), frames)
+    assert _psnr(decoded[5:], frames[5:]) > 33  # dB, at aiortc's starting 500 kbps
+
+
+def test_a_still_portrait_is_not_coded_again_but_its_moving_mouth_is():
+    """The static threshold: a still face whose mouth patch changes every frame costs far
+    fewer bits than with every macroblock coded, and the mouth decodes as well."""
+    image = prepare_portrait(load_default_avatar(), size=256).image
+    rng = np.random.default_rng(3)
+    ys, xs = slice(150, 182), slice(96, 160)
+    frames = []
+    for i in range(40):
+        frame = (image.astype(np.int16) + rng.integers(-1, 2, image.shape)).clip(0, 255)
+        frame[ys, xs] = (image[ys, xs].astype(np.int16) + int(40 * np.sin(i / 3))).clip(0, 255)
+        frames.append(frame.astype(np.uint8))
+    still, still_sent = _round_trip(RealtimeVp8Encoder(Vp8Tuning(static_threshold=500)), frames)
+    every, every_sent = _round_trip(RealtimeVp8Encoder(Vp8Tuning(static_threshold=0)), frames)
+    assert still_sent < 0.8 * every_sent
+    mouth = [f[ys, xs] for f in frames[5:]]
+    assert _psnr([d[ys, xs] for d in still[5:]], mouth) > \
+        _psnr([d[ys, xs] for d in every[5:]], mouth) - 1.0
+    assert _psnr(still[5:], frames[5:]) > 33
 
 
 def test_installed_it_serves_vp8_and_leaves_other_codecs_alone():
     original = aiortc.rtcrtpsender.get_encoder
     try:
-        use_realtime_vp8(16)
-        use_realtime_vp8(12)  # installing twice wraps aiortc's factory once
+        use_realtime_vp8(Vp8Tuning(speed=16))
+        use_realtime_vp8(Vp8Tuning(speed=12))  # installing twice wraps aiortc's factory once
         codecs = {c.mimeType: c for c in get_capabilities("video").codecs}
         vp8 = aiortc.rtcrtpsender.get_encoder(codecs["video/VP8"])
-        assert isinstance(vp8, RealtimeVp8Encoder) and vp8.speed == 12
+        assert isinstance(vp8, RealtimeVp8Encoder) and vp8.tuning.speed == 12
         h264 = aiortc.rtcrtpsender.get_encoder(codecs["video/H264"])
         assert not isinstance(h264, RealtimeVp8Encoder)
     finally:
@@ -140,7 +171,7 @@ async def test_encodes_asked_in_one_turn_of_the_loop_go_to_threads_a_batch_at_a_
         return frame
 
     encodes = EncodeBatches(per_hand_off=4)
-    encoders = [Recorded(12) for _ in range(6)]
+    encoders = [Recorded() for _ in range(6)]
     asked = [encodes.compress(e, picture(32 if i == 2 else 64), True)
              for i, e in enumerate(encoders)]
     asked[5].cancel()  # its session stopped waiting: the others are still answered

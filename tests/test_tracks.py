@@ -12,7 +12,7 @@ from dataclasses import replace
 import av
 import numpy as np
 
-from server.encoding import EncodeBatches
+from server.encoding import EncodeBatches, Vp8Tuning
 from server.media_clock import MediaClock
 from server.tracks import SessionVideoTrack
 
@@ -224,7 +224,7 @@ async def test_a_viewer_whose_transport_comes_up_late_starts_at_a_fresh_key_fram
 
     source = Source()
     source.ready = set(range(100))
-    video = SharedVideo(source, EncodeBatches(), speed=12)
+    video = SharedVideo(source, EncodeBatches(), Vp8Tuning())
     track = SharedVideoTrack(video)
     await asyncio.sleep(0.3)  # the handshake: seven frame times paced meanwhile
     reading_from = source.clock.video_index_due(asyncio.get_running_loop().time())
@@ -243,7 +243,7 @@ async def test_a_viewer_that_could_take_more_is_sent_no_more_than_the_cap() -> N
 
     source = Source()
     source.ready = set(range(100))
-    video = SharedVideo(source, EncodeBatches(), speed=12, max_bitrate=600_000)
+    video = SharedVideo(source, EncodeBatches(), Vp8Tuning(), max_bitrate=600_000)
     track = SharedVideoTrack(video)
     await asyncio.wait_for(track.recv(), 0.5)
     track.limit_bitrate(1_400_000)
