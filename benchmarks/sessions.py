@@ -51,6 +51,7 @@ from server.client import EncodedSpeech, run_session
 from server.config import REPO_ROOT
 from server.load import CLOCK_TICKS, process_cpu_seconds
 from server.peer import pin_host_addresses
+from server.session import RECENT_FRAMES
 
 #: Per-session counters in /sessions, taken over the measuring window.
 COUNTERS = ("frames_sent", "frames_repeated", "frames_skipped")
@@ -341,6 +342,9 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         "sessions_measured": len(stats),  # live on the server when the window opened
         "repeated_%": round(100 * repeated / sent, 2) if sent else None,
         "skipped_%": round(100 * skipped / sent, 2) if sent else None,
+        # The server's percentiles cover each session's latest RECENT_FRAMES frames: where
+        # a session sent fewer in the window, they include its connection's start too.
+        "pipeline_delay_steady": bool(times) and min(t for t, _ in times) >= RECENT_FRAMES,
         "pipeline_delay_ms_p50": median("pipeline_delay_ms", "p50"),
         "pipeline_delay_ms_p95_median": median("pipeline_delay_ms", "p95"),
         "pipeline_delay_ms_p95_worst": worst("pipeline_delay_ms", "p95"),

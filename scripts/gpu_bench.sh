@@ -10,9 +10,10 @@
 #
 #   bash scripts/gpu_bench.sh 512x64 256x128 motionx256
 #
-# WAV (default .gpudata/speech.wav), SECONDS_PER_RUN (20), RUNTIME (torch-cuda) and
-# SERVER_SETTINGS (more server arguments, e.g. "--set session.max_host_load=0.95")
-# change it.
+# WAV (default .gpudata/speech.wav), SECONDS_PER_RUN (40: the server's delay percentiles
+# cover each session's last 500 frames, which then fall after the connections' start),
+# RUNTIME (torch-cuda) and SERVER_SETTINGS (more server arguments, e.g.
+# "--set session.max_host_load=0.95") change it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import aiortc, av" 2> /dev/null; then
@@ -23,9 +24,10 @@ fi
 cores=$(nproc)
 server_last=$(( ${SERVER_CORES:-$(( cores * 3 / 4 ))} - 1 ))
 wav=${WAV:-.gpudata/speech.wav}
+mkdir -p "${OUT:-.}"
 out=${OUT:-.}/gpu_bench.jsonl
 settings=(--runtime "${RUNTIME:-torch-cuda}" --set session.max_sessions=1024
           --set session.max_motion_sessions=2048 ${SERVER_SETTINGS:-})
-python3 -m benchmarks.sessions --wav "$wav" --points "$@" --seconds "${SECONDS_PER_RUN:-20}" \
+python3 -m benchmarks.sessions --wav "$wav" --points "$@" --seconds "${SECONDS_PER_RUN:-40}" \
     --json --server-cpus "0-$server_last" --client-cpus "$(( server_last + 1 ))-$(( cores - 1 ))" \
     --server-logs "${OUT:-.}/logs" -- "${settings[@]}" | tee -a "$out"

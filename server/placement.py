@@ -162,7 +162,9 @@ def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
         if busy > limits.max_host_load * host.cores:
             raise Refused(f"the server's {host.cores:g} cores would be {busy:.1f} busy with "
                           f"another {kind}{size}x{size} session, past "
-                          f"session.max_host_load={limits.max_host_load}")
+                          f"session.max_host_load={limits.max_host_load} ({host.busy:.1f} "
+                          f"busy now; {host.idle:.1f} idle and {host.unit:.3f} a 256x256 "
+                          f"session, as learnt)")
     loop_cost = session_cost(size, motion_only, loop=True)
     room = [load for load in room if load.loop_load_with(loop_cost) <= limits.max_worker_load]
     if not room:

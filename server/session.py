@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 KEEP_CHUNKS = 100  # outbound audio kept for late viewers: 2 s
 KEEP_FRAMES = 25
+#: Frames the delay and A/V percentiles in a session's stats are taken over: its latest.
+RECENT_FRAMES = 500
 
 
 class OptionsError(ValueError):
@@ -183,8 +185,8 @@ class Session:
         self.frames_repeated = 0
         self.frames_skipped = 0
         self._sent: deque[tuple[float, bool]] = deque(maxlen=50)  # (when, fresh) per frame
-        self._pipeline_delays: deque[float] = deque(maxlen=500)
-        self._av_offsets: deque[float] = deque(maxlen=500)
+        self._pipeline_delays: deque[float] = deque(maxlen=RECENT_FRAMES)
+        self._av_offsets: deque[float] = deque(maxlen=RECENT_FRAMES)
         self._timeline_task = loop.create_task(self._timeline())
 
     # ---- wiring ---------------------------------------------------------------------

@@ -24,6 +24,8 @@ def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(s
     assert len(sessions) == 3 and all(s["fps"] >= 20.0 for s in sessions)
     assert all(s["pipeline_delay_ms"]["p95"] <= s["pipeline_delay_ms"]["p99"] for s in sessions)
     assert 4.0 <= row["window_s"] <= 12.0
+    # A 12 s run: each session's latest 500 frames began before the window did.
+    assert row["pipeline_delay_steady"] is False
     assert row["fps_min"] >= 20.0 and row["fps_median"] <= 26.0
     assert row["repeated_%"] is not None and row["server_cpu_cores"] > 0
     # The machine's cores, every tick of the window accounted for.
