@@ -156,6 +156,34 @@ def test_the_servers_cores_bound_admission_even_before_any_session_is_measured()
     assert HostLoad(cores=16, busy=13.0, idle=0.5, unit=0.11).busy_with(60, 1) == 13.11
 
 
+def test_the_host_model_does_not_learn_from_a_reading_that_still_holds_sessions_gone():
+    """Sessions leave at once; the smoothed reading lags (halving each second). Neither
+    the cost of the sessions left nor the idle server's takes the load of those gone."""
+    model = CostModel(prior=0.11)
+    for _ in range(30):
+        model.observe(busy=8.0, total_cost=80, settled_cost=80)
+    assert model.unit == pytest.approx(0.1, abs=1e-3)
+    busy = 8.0
+    for total in (10, 0, 0, 0, 0):  # 70 leave, then the last 10
+        busy /= 2
+        model.observe(busy=busy, total_cost=total, settled_cost=total)
+    assert model.unit == pytest.approx(0.1, abs=1e-3) and model.idle == 0.0
+    for _ in range(20):
+        busy /= 2
+        model.observe(busy=busy, total_cost=0, settled_cost=0)
+    assert model.idle < 0.01 and model.unit == pytest.approx(0.1, abs=1e-3)
+
+
+def test_the_host_model_keeps_learning_as_sessions_come_and_go_one_at_a_time():
+    """Churn on a busy server (one of 100 sessions leaves every other second) holds too
+    little of the sessions gone to stop the model learning that they cost more now."""
+    model = CostModel(prior=0.1)
+    for second in range(60):
+        total = 100 - (second % 2)
+        model.observe(busy=12.0 * total / 100, total_cost=total, settled_cost=total)
+    assert model.unit == pytest.approx(0.12, abs=2e-3)
+
+
 def test_the_host_model_learns_from_steady_states_only():
     model = CostModel(prior=0.11)
     model.observe(busy=0.6, total_cost=0, settled_cost=0)  # no session: idle
