@@ -41,15 +41,16 @@ class Vp8Tuning:
     already this close (summed squared error over its 256 luma pixels) is not coded
     again. A rendered portrait keeps its background, hair and most of its skin still
     while the mouth moves, so most macroblocks of a frame are static: at 500, encoding a
-    frame of the default avatar speaking costs a fifth less CPU at 256x256 and a third
-    less at 512, with 16-30% fewer bits, for 0.16-0.46 dB of PSNR (the mouth 0.04-0.18 dB;
-    ``python -m benchmarks.encoding --rendered``, BENCHMARKS.md)."""
+    frame of the default avatar speaking costs 12-22% less CPU at 256x256 and 17-39% less
+    at 512, with 16-17% fewer bits, for 0.2-0.4 dB of PSNR over the frame and at most
+    0.17 dB over its moving part (``python -m benchmarks.encoding --rendered``)."""
 
     speed: int = 12
     static_threshold: int = 500
 
 
 def vp8_tuning(video: VideoSettings) -> Vp8Tuning:
+    """The tuning the ``[video]`` settings ask for."""
     return Vp8Tuning(video.encoder_speed, video.static_threshold)
 
 
