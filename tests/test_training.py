@@ -154,6 +154,29 @@ def test_the_jaw_and_the_lips_each_lead_the_sound_by_their_own_lead() -> None:
         Leads(jaw=-0.01)
 
 
+def test_a_vowels_jaw_target_can_follow_its_height_rather_than_its_viseme() -> None:
+    """/iy/ and /ih/ share the viseme IH; by vowel, /ih/ opens the jaw more than /iy/
+    (CMU phones and espeak's mnemonics alike), a held vowel reaches its own height, and
+    every lip shape stays as the visemes make it."""
+    phones = [(0.0, 0.4, "pau"), (0.4, 1.0, "iy"), (1.0, 1.4, "pau"), (1.4, 2.0, "ih"),
+              (2.0, 2.4, "pau"), (2.4, 3.0, "i:"), (3.0, 3.4, "_"), (3.4, 4.0, "I"),
+              (4.0, 4.4, "_")]
+    by_viseme, labels = frame_targets(segments_from_phonemes(phones), 110)
+    by_vowel, same_labels = frame_targets(segments_from_phonemes(phones, jaw_by_vowel=True),
+                                          110)
+    lips = [k for k in range(len(SPEECH)) if k != JAW]
+    assert np.array_equal(by_vowel[:, lips], by_viseme[:, lips])
+    assert np.array_equal(labels, same_labels)
+    held = {name: by_vowel[int(25 * (start + end) / 2) - 1, JAW]
+            for start, end, name in phones if name not in ("pau", "_")}
+    assert held["iy"] == pytest.approx(0.25, abs=0.01)
+    assert held["ih"] == pytest.approx(0.35, abs=0.01)
+    assert held["i:"] == pytest.approx(held["iy"], abs=0.01)
+    assert held["I"] == pytest.approx(held["ih"], abs=0.01)
+    assert by_viseme[int(25 * 0.7) - 1, JAW] == pytest.approx(by_viseme[int(25 * 1.7) - 1, JAW])
+    assert np.abs(by_vowel[:6, JAW]).max() < 1e-3  # silence stays closed
+
+
 def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(
         tmp_path: Path, sentence: Utterance) -> None:
     """Windows saved on the machine with the synthesizers load (on a GPU host) with the

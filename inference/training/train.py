@@ -104,7 +104,8 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
                warp: float = 0.0, ccc_weight: float = 0.0,
-               device: str | torch.device = "cpu") -> AudioHead:
+               device: str | torch.device = "cpu",
+               init: dict[str, torch.Tensor] | None = None) -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
     ``viseme_weight``: how much more the frames labelled with a viseme count (short,
@@ -113,11 +114,15 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     ``ccc_weight``: a term for each coefficient's concordance with its target over the
     batch (1 - CCC), which, unlike the squared error, costs a head that hedges towards
     the middle where it is unsure (open vowels under-opened, lips left ajar through
-    p/b/m). Returned on the CPU."""
+    p/b/m). ``init``: weights to start from (a head trained before: fine-tuning).
+    Returned on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     device = torch.device(device)
-    model = AudioHead(hidden=hidden).to(device)
+    model = AudioHead(hidden=hidden)
+    if init is not None:
+        model.load_state_dict(init)
+    model = model.to(device)
     model.tilt_norm = tilt_norm
     batch_of = windows.batcher(device)
     targets = torch.from_numpy(windows.targets).to(device)
@@ -212,7 +217,8 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
         f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
         if args.real_speech else "") + (
         f" --jaw-lead-ms {args.jaw_lead_ms:g}" if leads.jaw != LEADS.jaw else "") + (
-        f" --lips-lead-ms {args.lips_lead_ms:g}" if leads.lips != LEADS.lips else "")
+        f" --lips-lead-ms {args.lips_lead_ms:g}" if leads.lips != LEADS.lips else "") + (
+        " --jaw-by-vowel" if args.jaw_by_vowel else "")
     description = {
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
         "corpus": corpus.describe(),
@@ -226,9 +232,11 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
             "non_speech_clips": len(clips) - 2 * len(train),
         },
         "targets": {"visemes": list(VISEMES), "leads_s": {"jaw": leads.jaw, "lips": leads.lips},
-                    "blend_sigma_s": 0.03},
+                    "blend_sigma_s": 0.03,
+                    "jaw": "each vowel's height" if args.jaw_by_vowel else "its viseme's"},
     }
-    return make_windows(clips, leads), {"command": command, "description": description}
+    return make_windows(clips, leads, args.jaw_by_vowel), {"command": command,
+                                                           "description": description}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -257,6 +265,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="jawOpen's targets show the sound this much later")
     ap.add_argument("--lips-lead-ms", type=float, default=1000 * LEADS.lips,
                     help="the lip shapes' targets show the sound this much later")
+    ap.add_argument("--jaw-by-vowel", action="store_true",
+                    help="jawOpen's target for a vowel is its own height (visemes.VOWEL_JAW), "
+                         "not its viseme's (which lumps, e.g., /i:/ with /I/)")
+    ap.add_argument("--init", metavar="HEAD.pt", default=None,
+                    help="start from these weights (fine-tuning) instead of at random")
     ap.add_argument("--ccc-weight", type=float, default=0.5,
                     help="weight of a concordance (1 - CCC) term per coefficient, beside "
                          "the squared error (0: none); 0.5 lifted every lip shape on "
@@ -286,10 +299,12 @@ def main(argv: list[str] | None = None) -> None:
     saved = Path(args.windows) if args.windows else None
     if saved is not None and saved.exists():
         windows, data = Windows.load(saved)
-        built = data["description"].get("targets", {}).get("leads_s")
-        asked = {"jaw": args.jaw_lead_ms / 1000.0, "lips": args.lips_lead_ms / 1000.0}
+        targets = data["description"].get("targets", {})
+        built = (targets.get("leads_s"), targets.get("jaw", "its viseme's"))
+        asked = ({"jaw": args.jaw_lead_ms / 1000.0, "lips": args.lips_lead_ms / 1000.0},
+                 "each vowel's height" if args.jaw_by_vowel else "its viseme's")
         if built != asked:
-            ap.error(f"{saved} holds targets led by {built} s, not the {asked} asked for: "
+            ap.error(f"{saved} holds targets {built}, not the {asked} asked for: "
                      "build the windows anew (another --windows file)")
         print(f"{windows.starts.size} training windows from {saved}", flush=True)
     else:
@@ -304,7 +319,8 @@ def main(argv: list[str] | None = None) -> None:
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
                        hidden=args.hidden, viseme_weight=args.viseme_weight,
-                       warp=args.warp, ccc_weight=args.ccc_weight, device=args.device)
+                       warp=args.warp, ccc_weight=args.ccc_weight, device=args.device,
+                       init=torch.load(args.init) if args.init else None)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -322,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         "command": data["command"]
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
+            + (f" --lr {args.lr:g}" if args.lr != 4e-3 else "")
+            + (f" --init {args.init}" if args.init else "")
             + (f" --warp {args.warp:g}" if args.warp else "")
             + (f" --ccc-weight {args.ccc_weight:g}" if args.ccc_weight else "")
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +128,27 @@ _TABLE: dict[str, str | tuple[str, str]] = {
 #: Phonemes with no lip shape of their own: they take the following phoneme's viseme.
 _TRANSPARENT = {"h", "hh", "H", "h#h"}
 
+#: Jaw openness of each vowel by its height (open 0.9 ... close 0.2), for jaw targets per
+#: phone (``segments_from_phonemes(jaw_by_vowel=True)``): a viseme lumps vowels whose
+#: jaws differ (IH holds the close /i:/ and the near-close /I/, OH the open-mid /O:/ and
+#: the close-mid /o/, E the mid /E/ and the schwa). Diphthongs as (first, second). CMU
+#: phones (flite, the aligner's labels) and espeak-ng's English mnemonics.
+VOWEL_JAW: dict[str, tuple[float, ...]] = {
+    # CMU
+    "aa": (0.9,), "ae": (0.8,), "ah": (0.7,), "ao": (0.8,), "eh": (0.6,), "ax": (0.45,),
+    "er": (0.35,), "axr": (0.35,), "ih": (0.35,), "ix": (0.3,), "iy": (0.25,),
+    "uh": (0.35,), "uw": (0.2,), "aw": (0.85, 0.3), "ay": (0.85, 0.3), "ey": (0.55, 0.3),
+    "ow": (0.6, 0.3), "oy": (0.75, 0.3),
+    # espeak-ng (after stripping stress and length marks)
+    "a": (0.8,), "A": (0.9,), "V": (0.7,), "0": (0.8,), "Q": (0.8,), "O": (0.8,),
+    "O@": (0.8,), "o@": (0.8,), "o": (0.6,), "@": (0.45,), "3": (0.35,), "E": (0.6,),
+    "e": (0.55,), "e@": (0.6, 0.45), "a@": (0.9,), "A@": (0.9,), "&": (0.8,), "I": (0.35,),
+    "i": (0.25,), "i@": (0.3, 0.45), "U": (0.35,), "u": (0.2,), "U@": (0.35, 0.45),
+    "aI": (0.85, 0.3), "aI@": (0.85, 0.45), "aU": (0.85, 0.3), "aU@": (0.85, 0.3),
+    "eI": (0.55, 0.3), "oU": (0.6, 0.3), "@U": (0.45, 0.3), "OI": (0.75, 0.3),
+    "ai": (0.85, 0.3), "au": (0.85, 0.3), "ei": (0.55, 0.3), "oi": (0.75, 0.3),
+}
+
 
 def phoneme_visemes(phoneme: str) -> tuple[str, ...] | None:
     """Viseme(s) of one phoneme (two for diphthongs); None for transparent ones (h)."""
@@ -150,17 +172,31 @@ def phoneme_visemes(phoneme: str) -> tuple[str, ...] | None:
     return ("E",)
 
 
+def vowel_jaw(phoneme: str) -> tuple[float, ...] | None:
+    """A vowel's jaw openness (two for diphthongs), None for anything else; looked up as
+    ``phoneme_visemes`` looks up a viseme."""
+    raw = phoneme.strip()
+    for key in (raw, raw.replace(":", ""), _STRIP.sub("", raw) if raw != "0" else "0"):
+        if key in VOWEL_JAW:
+            return VOWEL_JAW[key]
+    return None
+
+
 @dataclass(frozen=True)
 class Segment:
-    """One viseme held over [start, end) seconds of the audio."""
+    """One viseme held over [start, end) seconds of the audio; ``jaw``, where set, is its
+    jaw openness in place of the viseme's."""
 
     start: float
     end: float
     viseme: int
+    jaw: float | None = None
 
 
-def segments_from_phonemes(phones: list[tuple[float, float, str]]) -> list[Segment]:
-    """(start_s, end_s, phoneme) -> viseme segments (diphthongs split in half)."""
+def segments_from_phonemes(phones: list[tuple[float, float, str]],
+                           jaw_by_vowel: bool = False) -> list[Segment]:
+    """(start_s, end_s, phoneme) -> viseme segments (diphthongs split in half); with
+    ``jaw_by_vowel`` each vowel's segments carry its own jaw openness (``VOWEL_JAW``)."""
     out: list[Segment] = []
     pending: list[tuple[float, float]] = []  # transparent phonemes awaiting a viseme
     for start, end, ph in phones:
@@ -168,15 +204,19 @@ def segments_from_phonemes(phones: list[tuple[float, float, str]]) -> list[Segme
         if vis is None:
             pending.append((start, end))
             continue
+        jaws = vowel_jaw(ph) if jaw_by_vowel else None
+        if jaws is not None and len(jaws) != len(vis):
+            jaws = (jaws[0],) * len(vis) if len(vis) > len(jaws) else jaws[:len(vis)]
+        jaw = [None] * len(vis) if jaws is None else list(jaws)
         for s, e in pending:
-            out.append(Segment(s, e, V[vis[0]]))
+            out.append(Segment(s, e, V[vis[0]], jaw[0]))
         pending.clear()
         if len(vis) == 1:
-            out.append(Segment(start, end, V[vis[0]]))
+            out.append(Segment(start, end, V[vis[0]], jaw[0]))
         else:
             mid = 0.5 * (start + end)
-            out.append(Segment(start, mid, V[vis[0]]))
-            out.append(Segment(mid, end, V[vis[1]]))
+            out.append(Segment(start, mid, V[vis[0]], jaw[0]))
+            out.append(Segment(mid, end, V[vis[1]], jaw[1]))
     for s, e in pending:
         out.append(Segment(s, e, V["sil"]))
     return out
@@ -196,23 +236,28 @@ def frame_targets(
     """
     lips = _influence(segments, n_frames, fps, step_s, leads.lips)
     targets = (lips @ PROTOTYPES) / np.maximum(lips.sum(1, keepdims=True), 1e-6)
-    if leads.jaw != leads.lips:
-        jaw = _influence(segments, n_frames, fps, step_s, leads.jaw)
-        targets[:, JAW] = (jaw @ PROTOTYPES[:, JAW]) / np.maximum(jaw.sum(1), 1e-6)
+    if leads.jaw != leads.lips or any(seg.jaw is not None for seg in segments):
+        jaw, opening = _influence(segments, n_frames, fps, step_s, leads.jaw, jaw=True)
+        targets[:, JAW] = opening / np.maximum(jaw.sum(1), 1e-6)
     return targets.astype(np.float32), lips.argmax(1)
 
 
 def _influence(segments: list[Segment], n_frames: int, fps: int, step_s: float,
-               lead_s: float) -> np.ndarray:
+               lead_s: float, jaw: bool = False) -> Any:
     """(n_frames, n_visemes): each viseme's dominance-weighted influence on each frame,
-    whose shape is that of the sound ``lead_s`` after the frame's centre."""
+    whose shape is that of the sound ``lead_s`` after the frame's centre. With ``jaw``,
+    also (n_frames,): the same blend of the jaw's openness, each segment's own where it
+    has one (the influences' sum divides it)."""
     duration = n_frames / fps
     n = int(np.ceil(duration / step_s)) + 1
     cls = np.zeros(n, np.int64)  # silence by default
+    opening = np.zeros(n, np.float32)
     for seg in segments:
         lo = int(np.ceil((seg.start - lead_s) / step_s))
         hi = int(np.ceil((seg.end - lead_s) / step_s))
-        cls[max(lo, 0) : max(min(hi, n), 0)] = seg.viseme
+        span = slice(max(lo, 0), max(min(hi, n), 0))
+        cls[span] = seg.viseme
+        opening[span] = PROTOTYPES[seg.viseme, JAW] if seg.jaw is None else seg.jaw
     onehot = np.zeros((n, len(VISEMES)), np.float32)
     onehot[np.arange(n), cls] = DOMINANCE[cls]
     half = int(np.ceil(4 * BLEND_SIGMA_S / step_s))
@@ -222,11 +267,12 @@ def _influence(segments: list[Segment], n_frames: int, fps: int, step_s: float,
                              np.zeros((half, len(VISEMES)), np.float32)])
     padded[:half, V["sil"]] = DOMINANCE[V["sil"]]
     padded[-half:, V["sil"]] = DOMINANCE[V["sil"]]
-    centres = ((np.arange(n_frames) + 0.5) / fps / step_s).round().astype(int)
-    return np.stack([kernel @ padded[c : c + 2 * half + 1] for c in np.minimum(centres, n - 1)])
-
-
-def nearest_viseme(coeffs: np.ndarray) -> np.ndarray:
-    """Class of each coefficient vector (..., len(SPEECH)): its nearest prototype."""
-    d = ((coeffs[..., None, :] - PROTOTYPES) ** 2).sum(-1)
-    return d.argmin(-1)
+    centres = np.minimum(((np.arange(n_frames) + 0.5) / fps / step_s).round().astype(int),
+                         n - 1)
+    influence = np.stack([kernel @ padded[c : c + 2 * half + 1] for c in centres])
+    if not jaw:
+        return influence
+    # Silence's jaw is 0, so the padding adds weight and no opening.
+    weighted = np.concatenate([np.zeros(half, np.float32), onehot.sum(1) * opening,
+                               np.zeros(half, np.float32)])
+    return influence, np.array([kernel @ weighted[c : c + 2 * half + 1] for c in centres])

@@ -85,13 +85,14 @@ class Windows:
             return windows, json.loads(str(f["meta"]))
 
 
-def utterance_windows(audio: np.ndarray, phones: Phones | None, leads: Leads = LEADS
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def utterance_windows(audio: np.ndarray, phones: Phones | None, leads: Leads = LEADS,
+                      jaw_by_vowel: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mel padded with the window's history, targets, labels) for one clip.
 
     Frame i's window starts at mel frame ``TIMING.window_start(i)``; the mel gets
     ``HISTORY`` silent frames in front and the audio 0.1 s of silence after, so the last
     frames have their look-ahead. ``phones`` None: non-speech, a closed mouth throughout.
+    ``jaw_by_vowel``: each vowel's jaw target is its own height, not its viseme's.
     """
     n_frames = audio.size * TIMING.fps // SAMPLE_RATE
     mel = log_mel(np.concatenate([audio, np.zeros(SAMPLE_RATE // 10, np.float32)]),
@@ -100,17 +101,17 @@ def utterance_windows(audio: np.ndarray, phones: Phones | None, leads: Leads = L
     if phones is None:
         return mel, np.zeros((n_frames, len(PROTOTYPES[0])), np.float32), np.zeros(
             n_frames, np.int64)
-    targets, labels = frame_targets(segments_from_phonemes(phones), n_frames, TIMING.fps,
-                                    leads=leads)
+    targets, labels = frame_targets(segments_from_phonemes(phones, jaw_by_vowel), n_frames,
+                                    TIMING.fps, leads=leads)
     return mel, targets, labels
 
 
-def make_windows(clips: list[tuple[np.ndarray, Phones | None]], leads: Leads = LEADS
-                 ) -> Windows:
+def make_windows(clips: list[tuple[np.ndarray, Phones | None]], leads: Leads = LEADS,
+                 jaw_by_vowel: bool = False) -> Windows:
     mels, starts, targets, labels, utt = [], [], [], [], []
     offset = 0
     for k, (audio, phones) in enumerate(clips):
-        mel, tg, lab = utterance_windows(audio, phones, leads)
+        mel, tg, lab = utterance_windows(audio, phones, leads, jaw_by_vowel)
         n = tg.shape[0]
         mels.append(mel.astype(np.float16))
         # window_start is linear in the frame index: the first window plus a stride.
