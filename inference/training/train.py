@@ -104,8 +104,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
                warp: float = 0.0, ccc_weight: float = 0.0,
-               device: str | torch.device = "cpu",
-               init: dict[str, torch.Tensor] | None = None) -> AudioHead:
+               device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
     ``viseme_weight``: how much more the frames labelled with a viseme count (short,
@@ -114,15 +113,11 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     ``ccc_weight``: a term for each coefficient's concordance with its target over the
     batch (1 - CCC), which, unlike the squared error, costs a head that hedges towards
     the middle where it is unsure (open vowels under-opened, lips left ajar through
-    p/b/m). ``init``: weights to start from (a head trained before: fine-tuning).
-    Returned on the CPU."""
+    p/b/m). Returned on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     device = torch.device(device)
-    model = AudioHead(hidden=hidden)
-    if init is not None:
-        model.load_state_dict(init)
-    model = model.to(device)
+    model = AudioHead(hidden=hidden).to(device)
     model.tilt_norm = tilt_norm
     batch_of = windows.batcher(device)
     targets = torch.from_numpy(windows.targets).to(device)
@@ -268,8 +263,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jaw-by-vowel", action="store_true",
                     help="jawOpen's target for a vowel is its own height (visemes.VOWEL_JAW), "
                          "not its viseme's (which lumps, e.g., /i:/ with /I/)")
-    ap.add_argument("--init", metavar="HEAD.pt", default=None,
-                    help="start from these weights (fine-tuning) instead of at random")
     ap.add_argument("--ccc-weight", type=float, default=0.5,
                     help="weight of a concordance (1 - CCC) term per coefficient, beside "
                          "the squared error (0: none); 0.5 lifted every lip shape on "
@@ -319,8 +312,7 @@ def main(argv: list[str] | None = None) -> None:
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
                        hidden=args.hidden, viseme_weight=args.viseme_weight,
-                       warp=args.warp, ccc_weight=args.ccc_weight, device=args.device,
-                       init=torch.load(args.init) if args.init else None)
+                       warp=args.warp, ccc_weight=args.ccc_weight, device=args.device)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -339,7 +331,6 @@ def main(argv: list[str] | None = None) -> None:
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (f" --lr {args.lr:g}" if args.lr != 4e-3 else "")
-            + (f" --init {args.init}" if args.init else "")
             + (f" --warp {args.warp:g}" if args.warp else "")
             + (f" --ccc-weight {args.ccc_weight:g}" if args.ccc_weight else "")
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
