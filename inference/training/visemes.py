@@ -276,3 +276,9 @@ def _influence(segments: list[Segment], n_frames: int, fps: int, step_s: float,
     weighted = np.concatenate([np.zeros(half, np.float32), onehot.sum(1) * opening,
                                np.zeros(half, np.float32)])
     return influence, np.array([kernel @ weighted[c : c + 2 * half + 1] for c in centres])
+
+
+def nearest_viseme(coeffs: np.ndarray) -> np.ndarray:
+    """Class of each coefficient vector (..., len(SPEECH)): its nearest prototype."""
+    d = ((coeffs[..., None, :] - PROTOTYPES) ** 2).sum(-1)
+    return d.argmin(-1)
