@@ -3,10 +3,11 @@
 A model is shipped as an ONNX graph plus a JSON manifest in ``engines/``. Per output
 video frame it takes a log-mel window around that frame (with a small look-ahead), the
 session's prepared portrait and its face geometry, the knobs, and the session clock;
-it returns the frame (uint8 RGB) and the motion coefficients it used. The graph is a
-pure function of its inputs, so frames of different sessions batch freely. A model may
-also ship a motion graph (the coefficients alone, from the mel window, knobs and clock):
-motion-only sessions then never pay for the renderer.
+it returns the frame (uint8 RGB; I420, as the server's encoders take it, from an engine
+made with ``pixels="i420"``: ``inference.pixels``) and the motion coefficients it used.
+The graph is a pure function of its inputs, so frames of different sessions batch
+freely. A model may also ship a motion graph (the coefficients alone, from the mel
+window, knobs and clock): motion-only sessions then never pay for the renderer.
 """
 
 from __future__ import annotations
@@ -232,7 +233,9 @@ NO_PICTURE = 0
 
 @dataclass(frozen=True)
 class BatchOutput:
-    frames: np.ndarray  # uint8, (B, H, W, 3) RGB; (B, 0, 0, 3) from ``run_motion``
+    #: uint8, (B, H, W, 3) RGB, or (B, 3H/2, W) I420 from an engine whose ``pixels`` is
+    #: "i420"; (B, 0, 0, 3) from ``run_motion``.
+    frames: np.ndarray
     coefficients: np.ndarray  # float32, (B, len(coefficient_names))
 
     @classmethod
@@ -244,6 +247,8 @@ class Engine(Protocol):
     """One model on one runtime. ``run`` is blocking and called from one worker thread."""
 
     manifest: Manifest
+    #: The frames' layout (``inference.pixels``): "rgb", or "i420" for the server.
+    pixels: str
 
     def prepare(self, portrait: PreparedPortrait) -> int:
         """Keep the portrait where the runtime wants it; returns its slot."""

@@ -8,9 +8,9 @@ scheduler and the engine, and media workers connect to it over a Unix socket
 (``multiprocessing.connection``: authenticated, framed, from the standard library). Each
 worker shares a ring of frame slots with it in shared memory: the worker writes a frame's
 inputs into a slot and sends the slot's number; the process answers with that number once
-the frame (uint8) and its coefficients are in the same slot. Only slot numbers, deadlines
-and short replies cross the socket; a portrait crosses it once. One scheduler sees every
-worker's frames, so a batch spans all of them.
+the frame (I420, half the bytes of RGB) and its coefficients are in the same slot. Only
+slot numbers, deadlines and short replies cross the socket; a portrait crosses it once.
+One scheduler sees every worker's frames, so a batch spans all of them.
 
 Deadlines are event-loop times, which every process reads from the same monotonic clock.
 """
@@ -44,6 +44,7 @@ from inference.child_process import (
     watch_connection,
 )
 from inference.engine import NO_PICTURE, FrameInput, Manifest, PreparedPortrait
+from inference.pixels import I420, frame_shape
 from inference.scheduler import FrameResult
 from inference.service import InferenceConfig, start_inline
 
@@ -57,14 +58,15 @@ CAPACITY_EVERY_S = 0.5
 #: fresh one with its workers.
 ENGINE_STUCK_S = 10.0
 #: What a motion-only frame carries instead of its picture.
-_NO_PICTURE = np.empty((0, 0, 3), np.uint8)
+_NO_PICTURE = np.empty(frame_shape(I420, 0), np.uint8)
 _NO_PICTURE.flags.writeable = False
 
 
 @dataclass(frozen=True)
 class RingLayout:
     """Where each slot's inputs and outputs lie in a worker's shared ring: ``slots`` slots
-    with room for a frame, then ``motion_slots`` without (motion-only sessions need only
+    with room for an I420 frame (the top left of the field, for a side below
+    ``max_side``), then ``motion_slots`` without (motion-only sessions need only
     the coefficients back, so thousands of them fit in a few megabytes)."""
 
     slots: int
@@ -79,7 +81,7 @@ class RingLayout:
                 ("knobs", np.dtype(np.float32), (self.knobs,)),
                 ("clock", np.dtype(np.float32), (2,)),
                 ("coefficients", np.dtype(np.float32), (self.coefficients,)),
-                ("frame", np.dtype(np.uint8), (side, side, 3))]
+                ("frame", np.dtype(np.uint8), frame_shape(I420, side))]
 
     @staticmethod
     def _aligned(nbytes: int) -> int:
@@ -375,7 +377,8 @@ class RemoteInference:
         (self._free if picture else self._free_motion).append(index)
         result = None
         if side is not None:  # None: dropped
-            result = FrameResult(slot["frame"][:side, :side].copy() if picture
+            height, width = frame_shape(I420, side)
+            result = FrameResult(slot["frame"][:height, :width].copy() if picture
                                  else _NO_PICTURE, slot["coefficients"].copy())
         if not future.done():
             future.set_result(result)
@@ -521,12 +524,12 @@ class _Worker:
         if result is None:
             self.done.put((index, None))
             return
-        side = result.frame.shape[0]  # 0: the coefficients alone
+        height, width = result.frame.shape[:2]  # 0: the coefficients alone
         view = self.views[index]
-        if side:
-            view["frame"][:side, :side] = result.frame
+        if width:
+            view["frame"][:height, :width] = result.frame
         view["coefficients"][:] = result.coefficients
-        self.done.put((index, side))
+        self.done.put((index, width))
 
     async def reply(self, call_id: int, work: Any) -> None:
         try:

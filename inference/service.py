@@ -1,10 +1,11 @@
 """What the media side needs of inference, whichever process the engine runs in.
 
 Sessions submit one frame's inputs with a deadline and get the frame back (or ``None``:
-repeat the last one); avatars put portraits into the engine's slots. ``InlineInference``
-runs the shared scheduler and the engine in this process, on a thread;
-``inference.inference_process`` runs them in a process of their own, fed
-through shared memory, so the engine's Python side never waits for the media side's GIL.
+repeat the last one), in I420 as their video encoders take it (``inference.pixels``);
+avatars put portraits into the engine's slots. ``InlineInference`` runs the shared
+scheduler and the engine in this process, on a thread; ``inference.inference_process``
+runs them in a process of their own, fed through shared memory, so the engine's Python
+side never waits for the media side's GIL.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inference.engine import Engine, FrameInput, Manifest, PreparedPortrait
+from inference.pixels import I420
 from inference.runtimes import create_engine
 from inference.scheduler import FrameResult, Scheduler
 
@@ -113,9 +115,10 @@ class InlineInference:
 async def start_inline(config: InferenceConfig, *,
                        on_batch: Callable[[int, float], None] | None = None,
                        on_drop: Callable[[str], None] | None = None) -> InlineInference:
-    """Load the engine (off the loop) and start its scheduler on this process's loop."""
+    """Load the engine (off the loop) and start its scheduler on this process's loop. Its
+    frames are I420: the sessions' encoders take nothing else."""
     engine = await asyncio.to_thread(create_engine, config.runtime, config.manifest_path,
-                                     **config.engine_opts)
+                                     pixels=I420, **config.engine_opts)
     inference = InlineInference(engine, max_batch=config.max_batch,
                                 max_wait_ms=config.max_wait_ms,
                                 max_pending=config.max_pending, on_batch=on_batch,

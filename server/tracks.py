@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 import av
-import cv2
 import numpy as np
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from inference.pixels import rgb_to_i420
 from server.encoding import (
     EncodeBatches,
     RealtimeVp8Encoder,
@@ -40,15 +40,17 @@ class VideoSource(Protocol):
     def is_closed(self) -> bool: ...
 
     def video_frame(self, index: int) -> np.ndarray | None:
-        """The rendered frame ``index`` if it is ready, else None."""
+        """The rendered frame ``index`` (I420) if it is ready, else None."""
         ...
 
     async def wait_video_frame(self, index: int, until: float) -> np.ndarray | None:
-        """The rendered frame ``index`` once it is ready, if that is by loop time ``until``;
-        else None."""
+        """The rendered frame ``index`` (I420) once it is ready, if that is by loop time
+        ``until``; else None."""
         ...
 
-    def idle_frame(self) -> np.ndarray: ...
+    def idle_frame(self) -> np.ndarray:
+        """The portrait at rest (RGB)."""
+        ...
 
     def report_video(self, index: int, content_index: int, sent_at: float) -> None: ...
 
@@ -137,8 +139,8 @@ def i420_frame(yuv: np.ndarray) -> av.VideoFrame:
 class PicturePacer:
     """Each frame time on the session clock and the picture it shows: the newest rendered
     frame, the last one again when the next is not ready in time, the idle portrait before
-    any. Pictures are YUV, converted once per new frame, so the encoder converts nothing;
-    each frame time is reported to the session as it leaves."""
+    any. Rendered frames come in I420 (the engine converts them), so neither this nor the
+    encoder converts anything; each frame time is reported to the session as it leaves."""
 
     def __init__(self, source: VideoSource) -> None:
         self._source = source
@@ -149,10 +151,10 @@ class PicturePacer:
     async def next(self) -> av.VideoFrame:
         index, frame = await self._pacer.next()
         if frame is not None:
-            self._last = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
+            self._last = frame
             self._last_index = index
         elif self._last is None:
-            self._last = cv2.cvtColor(self._source.idle_frame(), cv2.COLOR_RGB2YUV_I420)
+            self._last = rgb_to_i420(self._source.idle_frame())
         out = i420_frame(self._last)
         out.pts, out.time_base = self._source.clock.video_pts(index), VIDEO_TIME_BASE
         self._source.report_video(index, self._last_index, asyncio.get_running_loop().time())

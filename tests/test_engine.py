@@ -492,8 +492,33 @@ def test_prepare_and_release_while_running(engine: OnnxRuntimeEngine, slot256: i
 def test_create_engine_factory() -> None:
     engine = create_engine("onnxruntime", MANIFEST, intra_op_threads=1)
     assert isinstance(engine, OnnxRuntimeEngine) and engine.manifest.name == "sonic-lite"
+    assert engine.pixels == "rgb"
     with pytest.raises(ValueError, match="unknown runtime"):
         create_engine("no-such-runtime", MANIFEST)
+    with pytest.raises(ValueError, match="pixels='bgr'"):
+        create_engine("onnxruntime", MANIFEST, pixels="bgr")
+
+
+def test_an_engine_made_for_the_encoders_renders_i420_as_opencv_converts(
+        engine: OnnxRuntimeEngine, p256: PreparedPortrait, speech: np.ndarray) -> None:
+    """The server's frames leave the engine in I420 (Y, then U and V at half the
+    resolution each way), exactly what the worker's OpenCV conversion made of RGB."""
+    i420 = create_engine("onnxruntime", MANIFEST, intra_op_threads=1, pixels="i420")
+    features = StreamingLogMel(engine.manifest.features)
+    features.push(speech)
+    batch = [FrameInput(0, features.window(start, WINDOW), np.ones(2, np.float32),
+                        np.array([start / 25, 0.0], np.float32)) for start in (20, 40, 60)]
+    for size, portrait in ((256, p256), (512, astronaut(512))):
+        slot = engine.prepare(portrait)
+        want = engine.run([dataclasses.replace(f, slot=slot) for f in batch]).frames
+        engine.release(slot)
+        got = i420.run([dataclasses.replace(f, slot=i420.prepare(portrait)) for f in batch])
+        assert got.frames.shape == (3, size * 3 // 2, size)
+        for rgb, planes in zip(want, got.frames, strict=True):
+            np.testing.assert_array_equal(planes, cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420))
+        # The luma plane is the picture: the mouth moves between the frames.
+        assert not np.array_equal(got.frames[0, :size], got.frames[2, :size])
+    assert i420.run_motion(batch).shape == (3, len(COEFFICIENTS))
 
 
 @pytest.mark.parametrize(("gpus", "tensorrt", "expected"), [

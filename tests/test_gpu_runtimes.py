@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from inference.engine import FrameInput, Manifest, PreparedPortrait
+from inference.pixels import rgb_to_i420
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -252,6 +253,22 @@ def test_bank_grows_and_release_during_a_batch_is_deferred() -> None:
     assert row_of_released in engine._banks[256].free
 
 
+def assert_i420_of(i420: np.ndarray, rgb: np.ndarray) -> None:
+    """Frames made in I420 are OpenCV's conversion of the same frames made in RGB, to
+    within a level of rounding (what the server's encoders were fed before)."""
+    want = rgb_to_i420(rgb)
+    assert i420.shape == want.shape and i420.dtype == np.uint8
+    assert np.abs(i420.astype(np.int16) - want).max() <= 1
+
+
+def test_torch_cpu_converts_frames_to_i420_as_opencv_does() -> None:
+    rgb, i420 = torch_engine(device="cpu"), torch_engine(device="cpu", pixels="i420")
+    for size in (256, 512):
+        batch = frames([rgb.prepare(portrait(size))], 3)
+        assert i420.prepare(portrait(size)) == batch[0].slot
+        assert_i420_of(i420.run(batch).frames, rgb.run(batch).frames)
+
+
 def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
     onnx = OnnxRuntimeEngine(manifest())
     engine = torch_engine(device="cpu")
@@ -310,6 +327,17 @@ def test_torch_cuda_fp32_matches_onnxruntime(opts: dict[str, object]) -> None:
     out = engine.run(frames([slot], 12))
     assert_close(out.frames, ref.frames, 16, 0.05, outlier_grey=2)
     np.testing.assert_allclose(out.coefficients, ref.coefficients, atol=5e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("compile", [False, True])
+def test_torch_cuda_converts_frames_to_i420_on_the_device(compile: bool) -> None:
+    rgb = torch_engine(device="cuda", batch_sizes=(1, 4), compile=compile)
+    i420 = torch_engine(device="cuda", batch_sizes=(1, 4), compile=compile, pixels="i420")
+    for size in (256, 512):
+        batch = frames([rgb.prepare(portrait(size))], 6)  # a chunk of 4, then 2 padded
+        assert i420.prepare(portrait(size)) == batch[0].slot
+        assert_i420_of(i420.run(batch).frames, rgb.run(batch).frames)
 
 
 @needs_cuda

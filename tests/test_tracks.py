@@ -30,7 +30,8 @@ class Source:
         return False
 
     def video_frame(self, index: int) -> np.ndarray | None:
-        return np.full((16, 16, 3), index, np.uint8) if index in self.ready else None
+        """A 16x16 frame in I420, as engines make them for the server."""
+        return np.full((24, 16), index, np.uint8) if index in self.ready else None
 
     def idle_frame(self) -> np.ndarray:
         return np.zeros((16, 16, 3), np.uint8)
@@ -187,7 +188,7 @@ class LateSource(Source):
 
     def video_frame(self, index: int) -> np.ndarray | None:
         future = self.frames.get(index)
-        return np.full((16, 16, 3), index, np.uint8) if future is not None and future.done() \
+        return np.full((24, 16), index, np.uint8) if future is not None and future.done() \
             else None
 
     async def wait_video_frame(self, index: int, until: float) -> np.ndarray | None:

@@ -16,6 +16,7 @@ from inference.engine import (
     PreparedPortrait,
     coefficients_by_rendering,
 )
+from inference.pixels import RGB, as_pixels, check
 from inference.runtimes.slots import batch_slots
 
 _INPUTS = ("mel", "portrait", "geometry", "knobs", "clock")
@@ -51,8 +52,9 @@ class OnnxRuntimeEngine:
     (its arrays are immutable and referenced by the batch).
     """
 
-    def __init__(self, manifest: Manifest, intra_op_threads: int = 1) -> None:
+    def __init__(self, manifest: Manifest, intra_op_threads: int = 1, pixels: str = RGB) -> None:
         self.manifest = manifest
+        self.pixels = check(pixels)
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
@@ -131,4 +133,4 @@ class OnnxRuntimeEngine:
             "clock": np.stack([item.clock for item in batch]).astype(np.float32, copy=False),
         }
         frames, coefficients = self.session.run(list(_OUTPUTS), feeds)
-        return BatchOutput(frames=frames, coefficients=coefficients)
+        return BatchOutput(frames=as_pixels(frames, self.pixels), coefficients=coefficients)

@@ -44,6 +44,7 @@ from inference.engine import (
     PreparedPortrait,
     coefficients_by_rendering,
 )
+from inference.pixels import RGB, as_pixels, check
 from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ class TensorRtEngine:
     def __init__(self, manifest: Manifest, *, precision: str = "fp16",
                  sizes: Sequence[int] = (256, 512),
                  batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_slots: int = 256,
-                 cache_dir: Path = CACHE_DIR, device: int = 0) -> None:
+                 cache_dir: Path = CACHE_DIR, device: int = 0, pixels: str = RGB) -> None:
+        self.pixels = check(pixels)
         trt = import_tensorrt()
         cudart = _cudart()
         if precision not in PRECISIONS:
@@ -328,4 +330,5 @@ class TensorRtEngine:
         _check(cudart.cudaStreamSynchronize(self._copy_stream))
         frames = frames_owner[: n * frame_bytes].reshape(n, size, size, 3)
         coefficients = coeff_owner.view(np.float32)[: n * self._k].reshape(n, self._k)
-        return BatchOutput(frames=frames, coefficients=coefficients)
+        # I420 on the host: the graph returns RGB (torch-cuda converts on the device).
+        return BatchOutput(frames=as_pixels(frames, self.pixels), coefficients=coefficients)

@@ -14,7 +14,8 @@ GPU runs that very module and needs no exporter or TensorRT. What makes it fast:
   instead of a few hundred eager kernels. On CUDA the unpacking, the gather and the model
   also go through ``torch.compile`` (fused kernels; ``compile=False`` to skip it) before
   capture: twice the frames/s of graphs alone on an H200, for ~20 s of compiling once.
-* **Pinned output, no host copies.** Frames come back as uint8 straight into pinned host
+* **Pinned output, no host copies.** Frames come back as uint8 (RGB, or I420 converted on
+  the device for the server's encoders: half the bytes) straight into pinned host
   memory (torch's caching host allocator recycles the buffer once the caller drops the
   arrays), so ``run()`` returns views, never copies.
 
@@ -59,6 +60,7 @@ from inference.engine import (
     PreparedPortrait,
     coefficients_by_rendering,
 )
+from inference.pixels import BT601, BT601_OFFSET, I420, RGB, check, frame_shape
 from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,19 @@ def _collector_held_off() -> Iterator[None]:
             gc.enable()
 
 
+def _i420(frames: torch.Tensor) -> torch.Tensor:
+    """(B, S, S, 3) uint8 RGB as (B, 3S/2, S) I420, as ``inference.pixels`` defines it
+    (OpenCV's conversion, to within one level of rounding)."""
+    n, h, w, _ = frames.shape
+    matrix = torch.from_numpy(BT601).to(frames.device)
+    offset = torch.from_numpy(BT601_OFFSET).to(frames.device)
+    y = frames.float() @ matrix[0] + offset[0]
+    chroma = frames[:, ::2, ::2].float() @ matrix[1:].T + offset[1:]  # (B, S/2, S/2, 2)
+    planes = torch.cat([y.reshape(n, -1), chroma[..., 0].reshape(n, -1),
+                        chroma[..., 1].reshape(n, -1)], dim=1)
+    return planes.round().clamp(0, 255).to(torch.uint8).reshape(n, h * 3 // 2, w)
+
+
 class TorchCudaEngine:
     """Runs ``build_model()`` on one GPU (or the CPU); ``run`` from one worker thread.
 
@@ -153,8 +168,10 @@ class TorchCudaEngine:
         max_chunk: int | None = None,
         initial_slots: int = 64,
         model_factory: Callable[[], nn.Module] | None = None,
+        pixels: str = RGB,
     ) -> None:
         self.manifest = manifest
+        self.pixels = check(pixels)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -338,7 +355,10 @@ class TorchCudaEngine:
         with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp,
                             cache_enabled=False):
             frames, coefficients = self.model(mel, portrait, geo, knobs, clock)
-        return frames.reshape(n, size, size, 3), coefficients.float()
+        frames = frames.reshape(n, size, size, 3)
+        if self.pixels == I420:
+            frames = _i420(frames)
+        return frames, coefficients.float()
 
     def capture(self, size: int) -> None:
         """Capture (and compile, if asked) every batch profile for one frame size now.
@@ -520,7 +540,7 @@ class TorchCudaEngine:
         n = len(batch)
         packed = np.empty((n, self._row_len), np.float32)
         self._pack(batch, rows, packed)
-        frames = np.empty((n, bank.size, bank.size, 3), np.uint8)
+        frames = np.empty((n, *frame_shape(self.pixels, bank.size)), np.uint8)
         coefficients = np.empty((n, self._n_coefficients), np.float32)
         done = 0
         for k, padded in self._chunks(n):
@@ -551,7 +571,8 @@ class TorchCudaEngine:
             self._ensure_graphs(bank)
         host_in, dev_in = self._staging(n)
         self._pack(batch, rows, host_in.numpy())
-        frames = torch.empty((n, size, size, 3), dtype=torch.uint8, pin_memory=True)
+        frames = torch.empty((n, *frame_shape(self.pixels, size)), dtype=torch.uint8,
+                             pin_memory=True)
         coefficients = torch.empty((n, self._n_coefficients), dtype=torch.float32,
                                    pin_memory=True)
         timing = self.collect_timings
