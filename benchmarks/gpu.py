@@ -12,7 +12,7 @@ latency under the budget, and the ratio to the baseline.
 
 A runtime may carry options after a colon: ``torch-cuda:fp32``, ``torch-cuda:compile``,
 ``torch-cuda:amp`` (autocast), ``torch-cuda:eager`` (no CUDA graphs), ``torch-cuda:chunk=32``
-(copy-back overlap chunk).
+(copy-back overlap chunk), ``torch-cuda:i420`` (frames in I420, as the server takes them).
 Timing: ``Engine.run`` returns only once its frames are in host memory (it synchronises),
 so a host clock around it measures the whole batch; the baseline synchronises through
 ``.cpu()``. ``--save-data DIR`` writes the speech windows and prepared portraits as .npy
@@ -177,6 +177,8 @@ def parse_runtime(spec: str) -> tuple[str, dict[str, Any]]:
             opts["max_chunk"] = int(value)
         elif key == "int8":
             opts["precision"] = "int8"
+        elif key == "i420":
+            opts["pixels"] = "i420"
         else:
             raise SystemExit(f"unknown runtime option {opt!r} in {spec!r}")
     return name, opts

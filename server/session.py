@@ -525,6 +525,7 @@ class Session:
             "frames_dropped": self.frames_dropped,
             # The shared encoding's rate: the lowest its viewers estimate they can take.
             "video_bitrate": self._video.bitrate if self._video is not None else None,
+            "video_estimate": self._video.estimate if self._video is not None else None,
             # Over the last 500 frames (20 s at 25 fps).
             "pipeline_delay_ms": _percentiles_ms(self._pipeline_delays),
             "av_offset_ms": _percentiles_ms(self._av_offsets),

@@ -250,11 +250,17 @@ class SharedVideo:
         """The rate the encoder aims at (within aiortc's VP8 limits)."""
         return self._encoder.target_bitrate
 
+    @property
+    def estimate(self) -> int | None:
+        """The lowest rate any viewer estimates it can take; None until one says."""
+        return min(self._rates.values(), default=None)
+
     def _retarget(self) -> None:
         """A new rate re-opens the encoder (a key frame for everyone): follow a fall at
         once, a rise only once it is 10% and the last change 5 s old, so that estimates
         wandering as they ramp do not re-open it every second."""
-        target = min(min(self._rates.values(), default=vpx.DEFAULT_BITRATE),
+        estimate = self.estimate
+        target = min(vpx.DEFAULT_BITRATE if estimate is None else estimate,
                      self._max_bitrate)
         current = self._encoder.target_bitrate
         now = time.monotonic()
