@@ -135,12 +135,12 @@ def _collector_held_off() -> Iterator[None]:
             gc.enable()
 
 
-def _i420(frames: torch.Tensor) -> torch.Tensor:
+def _i420(frames: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """(B, S, S, 3) uint8 RGB as (B, 3S/2, S) I420, as ``inference.pixels`` defines it
-    (OpenCV's conversion, to within one level of rounding)."""
+    (OpenCV's conversion, to within one level of rounding). ``matrix`` and ``offset`` are
+    ``BT601`` and ``BT601_OFFSET`` already on the device: a copy from the host cannot be
+    captured in a CUDA graph."""
     n, h, w, _ = frames.shape
-    matrix = torch.from_numpy(BT601).to(frames.device)
-    offset = torch.from_numpy(BT601_OFFSET).to(frames.device)
     y = frames.float() @ matrix[0] + offset[0]
     chroma = frames[:, ::2, ::2].float() @ matrix[1:].T + offset[1:]  # (B, S/2, S/2, 2)
     planes = torch.cat([y.reshape(n, -1), chroma[..., 0].reshape(n, -1),
@@ -176,6 +176,8 @@ class TorchCudaEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
+        self._yuv = (torch.from_numpy(BT601).to(self.device),
+                     torch.from_numpy(BT601_OFFSET).to(self.device))
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         # FP16 and graphs are CUDA features; the CPU path is the FP32 reference.
@@ -357,7 +359,7 @@ class TorchCudaEngine:
             frames, coefficients = self.model(mel, portrait, geo, knobs, clock)
         frames = frames.reshape(n, size, size, 3)
         if self.pixels == I420:
-            frames = _i420(frames)
+            frames = _i420(frames, *self._yuv)
         return frames, coefficients.float()
 
     def capture(self, size: int) -> None:
