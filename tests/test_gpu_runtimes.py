@@ -341,6 +341,22 @@ def test_torch_cuda_converts_frames_to_i420_on_the_device(compile: bool) -> None
 
 
 @needs_cuda
+def test_the_device_i420_kernel_converts_strided_and_packed_frames_as_opencv_does() -> None:
+    """The renderer's frames are an NHWC view of NCHW planes; a packed batch must come
+    out the same (an odd-sized batch of odd content: noise, black, white)."""
+    import torch
+
+    pytest.importorskip("triton", reason="Triton, which PyTorch's CUDA builds bring, is absent")
+    from inference.runtimes.device_pixels import i420_triton
+
+    planar = torch.randint(0, 256, (5, 3, 512, 512), dtype=torch.uint8, device="cuda")
+    planar[3], planar[4] = 0, 255
+    for rgb in (planar.permute(0, 2, 3, 1), planar.permute(0, 2, 3, 1).contiguous()):
+        assert_i420_of(i420_triton(rgb).cpu().numpy(), rgb.cpu().numpy())
+    assert i420_triton(planar[:0].permute(0, 2, 3, 1)).shape == (0, 768, 512)
+
+
+@needs_cuda
 def test_torch_cuda_padding_and_chunks() -> None:
     engine = torch_engine(device="cuda", batch_sizes=(1, 2, 4, 8), max_chunk=4)
     slots = [engine.prepare(portrait(256)) for _ in range(3)]

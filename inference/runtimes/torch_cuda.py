@@ -60,7 +60,8 @@ from inference.engine import (
     PreparedPortrait,
     coefficients_by_rendering,
 )
-from inference.pixels import BT601, BT601_OFFSET, I420, RGB, check, frame_shape
+from inference.pixels import I420, RGB, check, frame_shape
+from inference.runtimes.device_pixels import to_i420
 from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
@@ -135,19 +136,6 @@ def _collector_held_off() -> Iterator[None]:
             gc.enable()
 
 
-def _i420(frames: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """(B, S, S, 3) uint8 RGB as (B, 3S/2, S) I420, as ``inference.pixels`` defines it
-    (OpenCV's conversion, to within one level of rounding). ``matrix`` and ``offset`` are
-    ``BT601`` and ``BT601_OFFSET`` already on the device: a copy from the host cannot be
-    captured in a CUDA graph."""
-    n, h, w, _ = frames.shape
-    y = frames.float() @ matrix[0] + offset[0]
-    chroma = frames[:, ::2, ::2].float() @ matrix[1:].T + offset[1:]  # (B, S/2, S/2, 2)
-    planes = torch.cat([y.reshape(n, -1), chroma[..., 0].reshape(n, -1),
-                        chroma[..., 1].reshape(n, -1)], dim=1)
-    return planes.round().clamp(0, 255).to(torch.uint8).reshape(n, h * 3 // 2, w)
-
-
 class TorchCudaEngine:
     """Runs ``build_model()`` on one GPU (or the CPU); ``run`` from one worker thread.
 
@@ -176,8 +164,6 @@ class TorchCudaEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
-        self._yuv = (torch.from_numpy(BT601).to(self.device),
-                     torch.from_numpy(BT601_OFFSET).to(self.device))
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         # FP16 and graphs are CUDA features; the CPU path is the FP32 reference.
@@ -338,7 +324,10 @@ class TorchCudaEngine:
         """Run packed rows against one bank generation (compiled unless told otherwise)."""
         amp = self.precision == "amp" if amp is None else amp
         fn = self._compute_fn if compiled else self._compute_rows
-        return fn(rows, bank.portraits, bank.geometry, amp)
+        frames, coefficients = fn(rows, bank.portraits, bank.geometry, amp)
+        if self.pixels == I420:  # outside the compiled region: see device_pixels
+            frames = to_i420(frames)
+        return frames, coefficients
 
     def _compute_rows(self, rows: torch.Tensor, portraits: torch.Tensor, geometry: torch.Tensor,
                       amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,10 +346,7 @@ class TorchCudaEngine:
         with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp,
                             cache_enabled=False):
             frames, coefficients = self.model(mel, portrait, geo, knobs, clock)
-        frames = frames.reshape(n, size, size, 3)
-        if self.pixels == I420:
-            frames = _i420(frames, *self._yuv)
-        return frames, coefficients.float()
+        return frames.reshape(n, size, size, 3), coefficients.float()
 
     def capture(self, size: int) -> None:
         """Capture (and compile, if asked) every batch profile for one frame size now.
