@@ -88,8 +88,9 @@ def i420_triton(frames: torch.Tensor) -> torch.Tensor:
     n, h, w, _ = frames.shape
     out = torch.empty((n, h * 3 // 2, w), dtype=torch.uint8, device=frames.device)
     if n:
-        _i420_kernel[(n, h // 2)](frames, out, h, w, *frames.stride(),
-                                  BLOCK=max(2, triton.next_power_of_2(w)))
+        with torch.cuda.device(frames.device):  # Triton launches on the current device
+            _i420_kernel[(n, h // 2)](frames, out, h, w, *frames.stride(),
+                                      BLOCK=max(2, triton.next_power_of_2(w)))
     return out
 
 
