@@ -269,6 +269,25 @@ def test_torch_cpu_converts_frames_to_i420_as_opencv_does() -> None:
         assert_i420_of(i420.run(batch).frames, rgb.run(batch).frames)
 
 
+def test_an_i420_kernel_that_fails_to_build_gives_way_to_torch_ops(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Triton builds its launcher with the host's C compiler at first use; where that
+    fails, frames still come out in I420, and the log says why once."""
+    import torch
+
+    from inference.runtimes.device_pixels import DeviceI420
+
+    def kernel_without_a_compiler(frames: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable")
+
+    convert = DeviceI420(on_gpu=True, kernel=kernel_without_a_compiler)
+    rgb = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    for _ in range(2):
+        assert_i420_of(convert(rgb).numpy(), rgb.numpy())
+    assert convert.kernel is None
+    assert caplog.text.count("the I420 kernel failed") == 1
+
+
 def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
     onnx = OnnxRuntimeEngine(manifest())
     engine = torch_engine(device="cpu")

@@ -10,6 +10,9 @@ conversion does, to within one level.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 
 from inference.pixels import BT601, BT601_OFFSET
@@ -19,6 +22,8 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only PyTorch ships no Triton
     triton = None
+
+log = logging.getLogger(__name__)
 
 _Y, _U, _V = (tuple(float(c) for c in row) for row in BT601)
 _OFFSET = tuple(float(c) + 0.5 for c in BT601_OFFSET)  # + 0.5: round, then truncate
@@ -94,8 +99,24 @@ def i420_triton(frames: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def to_i420(frames: torch.Tensor) -> torch.Tensor:
-    """(B, S, S, 3) uint8 RGB as (B, 3S/2, S) I420 on the frames' device."""
-    if frames.is_cuda and triton is not None:
-        return i420_triton(frames)
-    return i420_torch(frames)
+class DeviceI420:
+    """RGB to I420 for one engine: the Triton kernel where the engine runs on a GPU and
+    Triton imports, else torch ops. Should the kernel fail (Triton builds a launcher with
+    the host's C compiler at first use), it says so once and the torch ops take over, as
+    the engine's uncompiled model takes over from a failed ``torch.compile``."""
+
+    def __init__(self, on_gpu: bool,
+                 kernel: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if kernel is None and on_gpu and triton is not None:
+            kernel = i420_triton
+        self.kernel = kernel
+
+    def __call__(self, frames: torch.Tensor) -> torch.Tensor:
+        """(B, S, S, 3) uint8 RGB as (B, 3S/2, S) I420 on the frames' device."""
+        if self.kernel is not None:
+            try:
+                return self.kernel(frames)
+            except Exception:
+                log.exception("the I420 kernel failed; converting with torch ops from now on")
+                self.kernel = None
+        return i420_torch(frames)

@@ -61,7 +61,7 @@ from inference.engine import (
     coefficients_by_rendering,
 )
 from inference.pixels import I420, RGB, check, frame_shape
-from inference.runtimes.device_pixels import to_i420
+from inference.runtimes.device_pixels import DeviceI420
 from inference.runtimes.slots import batch_slots
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,7 @@ class TorchCudaEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
+        self._to_i420 = DeviceI420(self.on_cuda)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         # FP16 and graphs are CUDA features; the CPU path is the FP32 reference.
@@ -326,7 +327,7 @@ class TorchCudaEngine:
         fn = self._compute_fn if compiled else self._compute_rows
         frames, coefficients = fn(rows, bank.portraits, bank.geometry, amp)
         if self.pixels == I420:  # outside the compiled region: see device_pixels
-            frames = to_i420(frames)
+            frames = self._to_i420(frames)
         return frames, coefficients
 
     def _compute_rows(self, rows: torch.Tensor, portraits: torch.Tensor, geometry: torch.Tensor,
