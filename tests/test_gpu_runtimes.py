@@ -272,7 +272,8 @@ def test_torch_cpu_converts_frames_to_i420_as_opencv_does() -> None:
 def test_an_i420_kernel_that_fails_to_build_gives_way_to_torch_ops(
         caplog: pytest.LogCaptureFixture) -> None:
     """Triton builds its launcher with the host's C compiler at first use; where that
-    fails, frames still come out in I420, and the log says why once."""
+    fails, frames still come out in I420, and the log says why once (on the GPU where
+    there is one)."""
     import torch
 
     from inference.runtimes.device_pixels import DeviceI420
@@ -281,9 +282,12 @@ def test_an_i420_kernel_that_fails_to_build_gives_way_to_torch_ops(
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable")
 
     convert = DeviceI420(on_gpu=True, kernel=kernel_without_a_compiler)
-    rgb = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rgb = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, device=device)
     for _ in range(2):
-        assert_i420_of(convert(rgb).numpy(), rgb.numpy())
+        out = convert(rgb)
+        assert out.device == rgb.device
+        assert_i420_of(out.cpu().numpy(), rgb.cpu().numpy())
     assert convert.kernel is None
     assert caplog.text.count("the I420 kernel failed") == 1
 

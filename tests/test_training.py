@@ -32,6 +32,7 @@ from inference.training.visemes import (
     _TABLE,
     _TRANSPARENT,
     LEADS,
+    JawTarget,
     Leads,
     Segment,
     V,
@@ -175,6 +176,26 @@ def test_a_vowels_jaw_target_can_follow_its_height_rather_than_its_viseme() -> N
     assert held["I"] == pytest.approx(held["ih"], abs=0.01)
     assert by_viseme[int(25 * 0.7) - 1, JAW] == pytest.approx(by_viseme[int(25 * 1.7) - 1, JAW])
     assert np.abs(by_vowel[:6, JAW]).max() < 1e-3  # silence stays closed
+
+
+def test_a_short_vowel_between_bilabials_opens_the_jaw_further_without_dominance() -> None:
+    """The lips' dominance lets /p/ and /m/ pull a short /aa/'s jaw far down; blended
+    alike, the jaw goes nearer the vowel's height, while the lips and labels stay as the
+    visemes make them and silence stays closed."""
+    phones = [(0.0, 0.4, "pau"), (0.4, 0.5, "p"), (0.5, 0.6, "aa"), (0.6, 0.7, "m"),
+              (0.7, 1.2, "pau")]
+    segs = segments_from_phonemes(phones, jaw_by_vowel=True)
+    weighted, labels = frame_targets(segs, 30)
+    alike, same_labels = frame_targets(segs, 30, jaw_dominance=False)
+    lips = [k for k in range(len(SPEECH)) if k != JAW]
+    assert np.array_equal(alike[:, lips], weighted[:, lips])
+    assert np.array_equal(labels, same_labels)
+    vowel = int(25 * 0.55) - 1  # the frame showing /aa/ at the 40 ms lead
+    assert alike[vowel, JAW] > weighted[vowel, JAW] + 0.1
+    assert alike[vowel, JAW] < 0.9
+    assert np.abs(alike[:5, JAW]).max() < 1e-3 and np.abs(alike[-5:, JAW]).max() < 1e-3
+    assert JawTarget(by_vowel=True, dominance=False).describe() == \
+        "each vowel's height, blended without dominance"
 
 
 def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(

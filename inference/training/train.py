@@ -26,7 +26,7 @@ from inference.model.audio_head import HEAD_WEIGHTS, AudioHead
 from inference.model.timing import TIMING
 from inference.training import augment
 from inference.training.corpus import build_corpus
-from inference.training.visemes import LEADS, PROTOTYPES, VISEMES, Leads
+from inference.training.visemes import LEADS, PROTOTYPES, VISEMES, JawTarget, Leads
 from inference.training.windows import Windows, make_windows
 from inference.tts import SAMPLE_RATE, Utterance
 
@@ -208,12 +208,14 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
     clips, aug_counts = training_clips(train, args.seed, n_noise=len(train) // 25,
                                        eq_db=args.eq_db, speed=(args.speed_min, args.speed_max))
     leads = Leads(jaw=args.jaw_lead_ms / 1000.0, lips=args.lips_lead_ms / 1000.0)
+    jaw = jaw_target(args)
     command = "python -m inference.training.train" + (
         f" --real-speech {args.real_speech} --real-copies {args.real_copies.text}"
         if args.real_speech else "") + (
         f" --jaw-lead-ms {args.jaw_lead_ms:g}" if leads.jaw != LEADS.jaw else "") + (
         f" --lips-lead-ms {args.lips_lead_ms:g}" if leads.lips != LEADS.lips else "") + (
-        " --jaw-by-vowel" if args.jaw_by_vowel else "")
+        " --jaw-by-vowel" if args.jaw_by_vowel else "") + (
+        " --jaw-without-dominance" if not jaw.dominance else "")
     description = {
         "training_hours": round(sum(a.size for a, _ in clips) / SAMPLE_RATE / 3600, 3),
         "corpus": corpus.describe(),
@@ -228,10 +230,14 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
         },
         "targets": {"visemes": list(VISEMES), "leads_s": {"jaw": leads.jaw, "lips": leads.lips},
                     "blend_sigma_s": 0.03,
-                    "jaw": "each vowel's height" if args.jaw_by_vowel else "its viseme's"},
+                    "jaw": jaw.describe()},
     }
-    return make_windows(clips, leads, args.jaw_by_vowel), {"command": command,
+    return make_windows(clips, leads, jaw), {"command": command,
                                                            "description": description}
+
+
+def jaw_target(args: argparse.Namespace) -> JawTarget:
+    return JawTarget(by_vowel=args.jaw_by_vowel, dominance=not args.jaw_without_dominance)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jaw-by-vowel", action="store_true",
                     help="jawOpen's target for a vowel is its own height (visemes.VOWEL_JAW), "
                          "not its viseme's (which lumps, e.g., /i:/ with /I/)")
+    ap.add_argument("--jaw-without-dominance", action="store_true",
+                    help="jawOpen's target blends neighbouring phones alike, not by the "
+                         "lips' dominance (visemes.JawTarget)")
     ap.add_argument("--ccc-weight", type=float, default=0.5,
                     help="weight of a concordance (1 - CCC) term per coefficient, beside "
                          "the squared error (0: none); 0.5 lifted every lip shape on "
@@ -295,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         targets = data["description"].get("targets", {})
         built = (targets.get("leads_s"), targets.get("jaw", "its viseme's"))
         asked = ({"jaw": args.jaw_lead_ms / 1000.0, "lips": args.lips_lead_ms / 1000.0},
-                 "each vowel's height" if args.jaw_by_vowel else "its viseme's")
+                 jaw_target(args).describe())
         if built != asked:
             ap.error(f"{saved} holds targets {built}, not the {asked} asked for: "
                      "build the windows anew (another --windows file)")

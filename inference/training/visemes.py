@@ -66,6 +66,7 @@ DOMINANCE: np.ndarray = np.array(
     [1.0, 4.0, 3.0, 1.0, 0.6, 0.5, 1.5, 1.2, 1.0, 1.2, 1.2, 1.0, 1.0, 1.2, 1.5],
     dtype=np.float32
 )
+UNIFORM: np.ndarray = np.ones_like(DOMINANCE)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,28 @@ class Leads:
 #: The shipped head's leads (its training targets; the evaluation reads each articulator
 #: at its own).
 LEADS = Leads()
+
+
+@dataclass(frozen=True)
+class JawTarget:
+    """How jawOpen's training target is made. ``by_vowel``: a vowel's own height
+    (:data:`VOWEL_JAW`), not its viseme's (which lumps, e.g., /i:/ with /I/).
+    ``dominance``: neighbouring phones blend by the lips' dominance, so that a bilabial
+    pulls a short vowel's jaw down as hard as its lips; without it every phone weighs
+    alike, as the jaw (a slow articulator the lips ride on) moves through a /p/ towards
+    the vowel's height."""
+
+    by_vowel: bool = False
+    dominance: bool = True
+
+    def describe(self) -> str:
+        """What the weights' JSON says (and a saved windows file is checked against)."""
+        height = "each vowel's height" if self.by_vowel else "its viseme's"
+        return height if self.dominance else f"{height}, blended without dominance"
+
+
+#: The shipped head's jaw target.
+JAW_TARGET = JawTarget()
 JAW = SPEECH.index("jawOpen")
 #: Spread of each segment's influence (Gaussian sigma).
 BLEND_SIGMA_S = 0.03
@@ -224,7 +247,7 @@ def segments_from_phonemes(phones: list[tuple[float, float, str]],
 
 def frame_targets(
     segments: list[Segment], n_frames: int, fps: int = TIMING.fps, *, step_s: float = 0.005,
-    leads: Leads = LEADS,
+    leads: Leads = LEADS, jaw_dominance: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-video-frame targets (n_frames, len(SPEECH)) and viseme labels (n_frames,).
 
@@ -232,18 +255,21 @@ def frame_targets(
     jawOpen shows the sound ``leads.jaw`` later, every other shape the sound
     ``leads.lips`` later. Time outside every segment is silence. The label is the viseme
     with the largest dominance-weighted share in the lips' timing, i.e. the shape the
-    target is showing.
+    target is showing. ``jaw_dominance`` off: jawOpen blends its neighbours without the
+    visemes' dominance (:class:`JawTarget`).
     """
     lips = _influence(segments, n_frames, fps, step_s, leads.lips)
     targets = (lips @ PROTOTYPES) / np.maximum(lips.sum(1, keepdims=True), 1e-6)
-    if leads.jaw != leads.lips or any(seg.jaw is not None for seg in segments):
-        jaw, opening = _influence(segments, n_frames, fps, step_s, leads.jaw, jaw=True)
+    if leads.jaw != leads.lips or not jaw_dominance or \
+            any(seg.jaw is not None for seg in segments):
+        jaw, opening = _influence(segments, n_frames, fps, step_s, leads.jaw, jaw=True,
+                                  dominance=DOMINANCE if jaw_dominance else UNIFORM)
         targets[:, JAW] = opening / np.maximum(jaw.sum(1), 1e-6)
     return targets.astype(np.float32), lips.argmax(1)
 
 
 def _influence(segments: list[Segment], n_frames: int, fps: int, step_s: float,
-               lead_s: float, jaw: bool = False) -> Any:
+               lead_s: float, jaw: bool = False, dominance: np.ndarray = DOMINANCE) -> Any:
     """(n_frames, n_visemes): each viseme's dominance-weighted influence on each frame,
     whose shape is that of the sound ``lead_s`` after the frame's centre. With ``jaw``,
     also (n_frames,): the same blend of the jaw's openness, each segment's own where it
@@ -259,14 +285,14 @@ def _influence(segments: list[Segment], n_frames: int, fps: int, step_s: float,
         cls[span] = seg.viseme
         opening[span] = PROTOTYPES[seg.viseme, JAW] if seg.jaw is None else seg.jaw
     onehot = np.zeros((n, len(VISEMES)), np.float32)
-    onehot[np.arange(n), cls] = DOMINANCE[cls]
+    onehot[np.arange(n), cls] = dominance[cls]
     half = int(np.ceil(4 * BLEND_SIGMA_S / step_s))
     tk = np.arange(-half, half + 1) * step_s
     kernel = np.exp(-0.5 * (tk / BLEND_SIGMA_S) ** 2).astype(np.float32)
     padded = np.concatenate([np.zeros((half, len(VISEMES)), np.float32), onehot,
                              np.zeros((half, len(VISEMES)), np.float32)])
-    padded[:half, V["sil"]] = DOMINANCE[V["sil"]]
-    padded[-half:, V["sil"]] = DOMINANCE[V["sil"]]
+    padded[:half, V["sil"]] = dominance[V["sil"]]
+    padded[-half:, V["sil"]] = dominance[V["sil"]]
     centres = np.minimum(((np.arange(n_frames) + 0.5) / fps / step_s).round().astype(int),
                          n - 1)
     influence = np.stack([kernel @ padded[c : c + 2 * half + 1] for c in centres])

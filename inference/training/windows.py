@@ -19,8 +19,10 @@ from inference.features import log_mel
 from inference.model.audio_head import AudioHead
 from inference.model.timing import TIMING
 from inference.training.visemes import (
+    JAW_TARGET,
     LEADS,
     PROTOTYPES,
+    JawTarget,
     Leads,
     frame_targets,
     segments_from_phonemes,
@@ -86,13 +88,13 @@ class Windows:
 
 
 def utterance_windows(audio: np.ndarray, phones: Phones | None, leads: Leads = LEADS,
-                      jaw_by_vowel: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      jaw: JawTarget = JAW_TARGET) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mel padded with the window's history, targets, labels) for one clip.
 
     Frame i's window starts at mel frame ``TIMING.window_start(i)``; the mel gets
     ``HISTORY`` silent frames in front and the audio 0.1 s of silence after, so the last
     frames have their look-ahead. ``phones`` None: non-speech, a closed mouth throughout.
-    ``jaw_by_vowel``: each vowel's jaw target is its own height, not its viseme's.
+    ``jaw``: how jawOpen's target is made.
     """
     n_frames = audio.size * TIMING.fps // SAMPLE_RATE
     mel = log_mel(np.concatenate([audio, np.zeros(SAMPLE_RATE // 10, np.float32)]),
@@ -101,17 +103,17 @@ def utterance_windows(audio: np.ndarray, phones: Phones | None, leads: Leads = L
     if phones is None:
         return mel, np.zeros((n_frames, len(PROTOTYPES[0])), np.float32), np.zeros(
             n_frames, np.int64)
-    targets, labels = frame_targets(segments_from_phonemes(phones, jaw_by_vowel), n_frames,
-                                    TIMING.fps, leads=leads)
+    targets, labels = frame_targets(segments_from_phonemes(phones, jaw.by_vowel), n_frames,
+                                    TIMING.fps, leads=leads, jaw_dominance=jaw.dominance)
     return mel, targets, labels
 
 
 def make_windows(clips: list[tuple[np.ndarray, Phones | None]], leads: Leads = LEADS,
-                 jaw_by_vowel: bool = False) -> Windows:
+                 jaw: JawTarget = JAW_TARGET) -> Windows:
     mels, starts, targets, labels, utt = [], [], [], [], []
     offset = 0
     for k, (audio, phones) in enumerate(clips):
-        mel, tg, lab = utterance_windows(audio, phones, leads, jaw_by_vowel)
+        mel, tg, lab = utterance_windows(audio, phones, leads, jaw)
         n = tg.shape[0]
         mels.append(mel.astype(np.float16))
         # window_start is linear in the frame index: the first window plus a stride.
