@@ -35,6 +35,20 @@ def test_tidy_makes_contiguous_phones() -> None:
     assert all(a[1] == b[0] for a, b in zip(phones, phones[1:], strict=False))
 
 
+def test_the_vowel_of_but_is_told_from_the_vowel_of_father() -> None:
+    """flite says ``aa`` for both; where pocketsphinx's dictionary says AH it is /V/,
+    less open, and becomes ``ah``, aligned with the AH model. A pronunciation the
+    dictionary lacks or gives at another length is kept as flite's."""
+    but = [("B", "b"), ("AA", "aa"), ("T", "t")]
+    assert rs.split_open_vowels(but, ["B", "AH", "T"]) == [("B", "b"), ("AH", "ah"),
+                                                           ("T", "t")]
+    father = [("F", "f"), ("AA", "aa"), ("DH", "dh"), ("ER", "er")]
+    assert rs.split_open_vowels(father, ["F", "AA", "DH", "ER"]) == father
+    assert rs.split_open_vowels(but, None) == but
+    assert rs.split_open_vowels(but, ["B", "AH", "T", "S"]) == but
+    assert _TABLE["ah"] == "AA"  # the same viseme; the jaw by vowel is lower
+
+
 def test_true_text_speakers_take_their_prompts_and_file_list_text(tmp_path: Path) -> None:
     """ARCTIC recordings get the prompt Kathleen read (matched by prompt id, whatever the
     file's prefix); VCTK and LJSpeech get vits's file-list text; a recording with no text

@@ -86,7 +86,7 @@ pronounced as flite says them (so schwas are ``ax``, as in the synthetic corpus)
 back on pocketsphinx's dictionary when flite is not installed.
 
 ``python -m inference.training.real_speech --root ROOT --prepare`` aligns everything once
-and caches it as ``ROOT/real_speech-v1.pkl``; :func:`load_real_speech` reads that cache.
+and caches it as ``ROOT/real_speech-v2.pkl``; :func:`load_real_speech` reads that cache.
 :func:`split` separates training speakers from held-out ones (never trained on).
 """
 
@@ -109,7 +109,8 @@ import numpy as np
 
 from inference.tts import SAMPLE_RATE, Utterance, resample
 
-CACHE_VERSION = 1
+#: 2: flite's ``aa`` split into ``aa`` and ``ah`` (/V/ as in "but"; :func:`build_lexicon`).
+CACHE_VERSION = 2
 #: Where the recordings are looked for unless told (``data/`` is kept out of git).
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "real_speech"
 CACHE_NAME = f"real_speech-v{CACHE_VERSION}.pkl"
@@ -222,13 +223,17 @@ def build_lexicon(words: set[str], cache: Path | None = None
                   ) -> dict[str, list[tuple[str, str]]]:
     """word -> [(sphinx phone, output phone name)], from flite (or pocketsphinx's dict).
 
-    Words neither can pronounce are left out (utterances with them are skipped).
+    flite's lexicon says ``aa`` for both /A:/ ("father") and /V/ ("but", "up", "just"),
+    whose jaws differ (0.9 and 0.7 in the evaluation's table); pocketsphinx's dictionary
+    tells them apart (AA, and AH, which it shares with the schwa flite calls ``ax``), so
+    where it says AH the phone is ``ah``, aligned with the AH model. Words neither can
+    pronounce are left out (utterances with them are skipped).
     """
     known: dict[str, list[list[str]]] = {}
     if cache is not None and cache.exists():
         known = json.loads(cache.read_text())
     use_flite = shutil.which("flite") is not None
-    cmu = None if use_flite else _sphinx_dict()
+    cmu = _sphinx_dict()
     lex: dict[str, list[tuple[str, str]]] = {}
     for w in sorted(words):
         if w in known:
@@ -244,14 +249,25 @@ def build_lexicon(words: set[str], cache: Path | None = None
                 else:
                     pron = []
                     break
+            pron = split_open_vowels(pron, cmu.get(w))
         else:
-            pron = [(p, p.lower()) for p in (cmu or {}).get(w, []) if p in _SPHINX]
+            pron = [(p, p.lower()) for p in cmu.get(w, []) if p in _SPHINX]
         if pron:
             lex[w] = pron
     if cache is not None:
         known.update({w: [list(p) for p in pron] for w, pron in lex.items()})
         cache.write_text(json.dumps(known, indent=0, sort_keys=True))
     return lex
+
+
+def split_open_vowels(pron: list[tuple[str, str]], cmu: list[str] | None
+                      ) -> list[tuple[str, str]]:
+    """flite's pronunciation with each ``aa`` that pocketsphinx's dictionary (``cmu``, of
+    the same length) says is AH made ``ah``."""
+    if cmu is None or len(cmu) != len(pron):
+        return pron
+    return [("AH", "ah") if name == "aa" and theirs == "AH" else (sphinx, name)
+            for (sphinx, name), theirs in zip(pron, cmu, strict=True)]
 
 
 # ------------------------------------------------------------------------ sources
@@ -520,7 +536,7 @@ def prepare(root: Path, workers: int = 2, limit: int | None = None,
     texts = {it.utt_id: it.text if it.text is not None else asr.get(it.utt_id, "")
              for it in items}
     words = {w for t in texts.values() for w in normalise_words(t)}
-    lex = build_lexicon(words, root / "lexicon.json")
+    lex = build_lexicon(words, root / f"lexicon-v{CACHE_VERSION}.json")
     dict_path = write_align_dict(lex, root / "align.dict")
     log(f"lexicon: {len(lex)} of {len(words)} words pronounced")
     t0 = time.time()
