@@ -231,7 +231,7 @@ class SessionSettings:
     max_worker_load: float = setting(0.8, "admit a session on a media worker only while its "
                                      "event loop, measured each second, would stay busy at "
                                      "most this share of the time with it", low=0.01, high=1.0)
-    max_host_load: float = setting(0.8, "admit a session only while the server's processes, "
+    max_host_load: float = setting(0.75, "admit a session only while the server's processes, "
                                    "measured each second, would keep at most this share of "
                                    "its cores busy with it", low=0.01, high=1.0)
     cores_per_session: float = setting(0.11, "cores a 256x256 video session is taken to need "
