@@ -458,6 +458,8 @@ async def test_the_shared_encoding_runs_at_the_rate_its_poorest_viewer_can_take(
             run_session(server.url, "", seconds=10.0, view=view), meanwhile())
         async with http.delete(f"{server.url}/sessions/{view[0]}"):
             pass
-    assert held == 260_000  # the poor viewer's estimate bounded everyone's encoding ...
+    # The poor viewer's estimate bounded everyone's encoding (the other viewer's own may
+    # dip lower still on a busy machine, down to the encoder's floor of 250 kbit/s) ...
+    assert 250_000 <= held <= 260_000
     assert after > 260_000  # ... until it left: then the other viewer's own estimate
     assert received.video_fps() >= 24
