@@ -93,6 +93,7 @@ and caches it as ``ROOT/real_speech-v2.pkl``; :func:`load_real_speech` reads tha
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pickle
@@ -207,6 +208,7 @@ def _flite_phones(word: str) -> list[str] | None:
     return phones or None
 
 
+@functools.cache
 def _sphinx_dict() -> dict[str, list[str]]:
     import pocketsphinx
 
@@ -233,7 +235,6 @@ def build_lexicon(words: set[str], cache: Path | None = None
     if cache is not None and cache.exists():
         known = json.loads(cache.read_text())
     use_flite = shutil.which("flite") is not None
-    cmu = _sphinx_dict()
     lex: dict[str, list[tuple[str, str]]] = {}
     for w in sorted(words):
         if w in known:
@@ -249,9 +250,9 @@ def build_lexicon(words: set[str], cache: Path | None = None
                 else:
                     pron = []
                     break
-            pron = split_open_vowels(pron, cmu.get(w))
+            pron = split_open_vowels(pron, _sphinx_dict().get(w))
         else:
-            pron = [(p, p.lower()) for p in cmu.get(w, []) if p in _SPHINX]
+            pron = [(p, p.lower()) for p in _sphinx_dict().get(w, []) if p in _SPHINX]
         if pron:
             lex[w] = pron
     if cache is not None:

@@ -232,8 +232,7 @@ def training_data(args: argparse.Namespace) -> tuple[Windows, dict[str, Any]]:
                     "blend_sigma_s": 0.03,
                     "jaw": jaw.describe()},
     }
-    return make_windows(clips, leads, jaw), {"command": command,
-                                                           "description": description}
+    return make_windows(clips, leads, jaw), {"command": command, "description": description}
 
 
 def jaw_target(args: argparse.Namespace) -> JawTarget:

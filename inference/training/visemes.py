@@ -108,6 +108,7 @@ class JawTarget:
 
 #: The shipped head's jaw target.
 JAW_TARGET = JawTarget()
+
 JAW = SPEECH.index("jawOpen")
 #: Spread of each segment's influence (Gaussian sigma).
 BLEND_SIGMA_S = 0.03
