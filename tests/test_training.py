@@ -276,6 +276,25 @@ def test_a_warped_vocal_tract_moves_a_formant_up_or_down_the_mel_bands() -> None
     assert centres[peak(high)] / centres[peak(mel)] == pytest.approx(1.15, rel=0.08)
 
 
+def test_a_band_mask_hides_one_run_of_adjacent_bands_behind_each_frames_mean() -> None:
+    """Frequency masking: in every window one run of at most ``max_width`` adjacent bands
+    (sometimes none) reads as its frame's mean over the bands; the rest is untouched."""
+    from inference.training.train import mask_bands
+
+    torch.manual_seed(0)
+    mel = torch.randn(256, 32, 80)
+    masked = mask_bands(mel, 12)
+    widths = []
+    for before, after in zip(mel, masked, strict=True):
+        changed = torch.nonzero((after != before).any(dim=0)).flatten()
+        if changed.numel():
+            assert changed.tolist() == list(range(int(changed[0]), int(changed[-1]) + 1))
+            mean = before.mean(dim=1, keepdim=True).expand(-1, changed.numel())
+            assert torch.equal(after[:, changed], mean)
+        widths.append(changed.numel())
+    assert max(widths) <= 12 and min(widths) == 0 and len(set(widths)) > 8
+
+
 def test_shipped_head_silence_and_bad_inputs(head: AudioHead) -> None:
     rng = np.random.default_rng(1)
     t = np.arange(2 * SR) / SR

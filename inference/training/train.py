@@ -103,7 +103,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                log_every: int = 200, tilt_norm: bool = AudioHead.tilt_norm,
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
-               warp: float = 0.0, ccc_weight: float = 0.0,
+               warp: float = 0.0, ccc_weight: float = 0.0, band_mask: int = 0,
                device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
@@ -113,7 +113,8 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     ``ccc_weight``: a term for each coefficient's concordance with its target over the
     batch (1 - CCC), which, unlike the squared error, costs a head that hedges towards
     the middle where it is unsure (open vowels under-opened, lips left ajar through
-    p/b/m). Returned on the CPU."""
+    p/b/m); ``band_mask``: up to that many adjacent mel bands of each window hidden
+    (``mask_bands``). Returned on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     device = torch.device(device)
@@ -148,6 +149,8 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
             if warp > 0:
                 mel = warp_bands(mel, warps[torch.randint(len(warps), (len(idx),),
                                                           device=device)])
+            if band_mask > 0:
+                mel = mask_bands(model._clean(mel), band_mask)
             pred = model(mel)
             per_frame = frame_weight[label][:, None]
             mse = (((pred - target) ** 2) * weight * per_frame).sum() / (
@@ -177,6 +180,19 @@ def concordance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     cov = ((pred - pm) * (target - tm)).mean(0)
     return 2.0 * cov / (pred.var(0, unbiased=False) + target.var(0, unbiased=False)
                         + (pm - tm) ** 2 + 1e-6)
+
+
+def mask_bands(mel: torch.Tensor, max_width: int) -> torch.Tensor:
+    """(B, T, n_mels) with a random run of 0..``max_width`` adjacent bands of each window
+    set to each frame's mean over all bands (SpecAugment's frequency mask): a head that
+    cannot lean on any one formant region reads vowels from the spectrum's overall
+    shape, which carries over better to voices it never heard."""
+    b, _, m = mel.shape
+    width = torch.randint(0, max_width + 1, (b,), device=mel.device)
+    first = (torch.rand(b, device=mel.device) * (m - width + 1)).long()
+    bands = torch.arange(m, device=mel.device)[None]
+    hidden = (bands >= first[:, None]) & (bands < (first + width)[:, None])
+    return torch.where(hidden[:, None, :], mel.mean(dim=2, keepdim=True), mel)
 
 
 def warp_bands(mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -261,6 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warp", type=float, default=0.0,
                     help="vocal tract length perturbation: each window's bands warped by "
                          "a random factor within 1 +- this (0: none)")
+    ap.add_argument("--band-mask", type=int, default=0,
+                    help="hide a random run of up to this many adjacent mel bands in each "
+                         "training window (frequency masking)")
     ap.add_argument("--jaw-lead-ms", type=float, default=1000 * LEADS.jaw,
                     help="jawOpen's targets show the sound this much later")
     ap.add_argument("--lips-lead-ms", type=float, default=1000 * LEADS.lips,
@@ -320,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
                        seed=args.seed, tilt_norm=bool(args.tilt_norm),
                        shape_weight=args.shape_weight, ce_weight=args.ce_weight,
                        hidden=args.hidden, viseme_weight=args.viseme_weight,
-                       warp=args.warp, ccc_weight=args.ccc_weight, device=args.device)
+                       warp=args.warp, ccc_weight=args.ccc_weight,
+                       band_mask=args.band_mask, device=args.device)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -340,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (f" --lr {args.lr:g}" if args.lr != 4e-3 else "")
             + (f" --warp {args.warp:g}" if args.warp else "")
+            + (f" --band-mask {args.band_mask}" if args.band_mask else "")
             + (f" --ccc-weight {args.ccc_weight:g}" if args.ccc_weight else "")
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
                if args.viseme_weight else ""),
@@ -348,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "viseme_weight": args.viseme_weight or None, "warp": args.warp,
+        "band_mask": args.band_mask,
         "ccc_weight": args.ccc_weight,
         "tilt_norm": bool(args.tilt_norm), "festival_utterances": args.n_festival,
         "training_windows": int(windows.starts.size),
