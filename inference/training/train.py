@@ -356,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     desc = {
         "model": "AudioHead", "parameters": params, "weights": out.name,
         "command": data["command"]
+            + (f" --n-train {args.n_train}" if args.n_train != 1600 else "")
+            + (f" --n-festival {args.n_festival}" if args.n_festival != 800 else "")
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (f" --lr {args.lr:g}" if args.lr != 4e-3 else "")
