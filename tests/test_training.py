@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -220,13 +221,31 @@ def test_saved_windows_train_elsewhere_as_built_within_a_quantisation_step(
     idx = np.array([0, 7, loaded.starts.size - 1])
     assert torch.equal(loaded.batcher(torch.device("cpu"))(idx), loaded.batch(idx))
     main(["--windows", str(path), "--no-eval", "--epochs", "1", "--batch", "32",
-          "--out", str(tmp_path / "head.pt")])
+          "--members", "2", "--out", str(tmp_path / "head.pt")])
     with pytest.raises(SystemExit):  # its targets were led otherwise: not trained on
         main(["--windows", str(path), "--no-eval", "--jaw-lead-ms", "10",
               "--out", str(tmp_path / "other.pt")])
     head = AudioHead.from_weights(tmp_path / "head.pt")
+    assert head.members == 2
+    assert "--members 2" in json.loads((tmp_path / "head.json").read_text())["command"]
     with torch.no_grad():
         assert torch.isfinite(head(loaded.batch(idx))).all()
+
+
+def test_an_ensemble_head_gives_its_members_mean_and_loads_back_from_its_weights(
+        tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    a, b = AudioHead().eval(), AudioHead().eval()
+    joined = AudioHead.ensemble([a, b])
+    torch.save(joined.state_dict(), tmp_path / "joined.pt")
+    loaded = AudioHead.from_weights(tmp_path / "joined.pt")
+    mel = torch.randn(4, WINDOW, 80) - 4.0
+    with torch.no_grad():
+        want = (a(mel) + b(mel)) / 2
+        assert not torch.allclose(a(mel), b(mel), atol=1e-3)  # two members, not one twice
+        torch.testing.assert_close(joined(mel), want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(loaded(mel), want, atol=1e-6, rtol=0)
+    assert loaded.members == 2 and loaded.inp.out_channels == 2 * 96
 
 
 def test_augmentations_keep_length_and_finite() -> None:
@@ -319,10 +338,11 @@ def test_shipped_head_opens_on_speech(head: AudioHead, sentence: Utterance) -> N
     assert np.abs(quiet[:, JAW] - out[:, JAW]).mean() < 0.08  # 20 dB quieter: same shapes
 
 
-def test_audio_head_onnx_matches_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("members", [1, 2])
+def test_audio_head_onnx_matches_torch(tmp_path: Path, members: int) -> None:
     ort = pytest.importorskip("onnxruntime")
     torch.manual_seed(0)
-    model = AudioHead().eval()
+    model = AudioHead.ensemble([AudioHead() for _ in range(members)])
     mel = torch.randn(3, WINDOW, 80) - 4.0
     mel[1] = -10.0
     path = tmp_path / "head.onnx"

@@ -34,6 +34,12 @@ class AudioHead(nn.Module):
     anything louder than very quiet speech. A window whose loudest frame is below
     ``gate_bels`` (digital silence, a faint noise floor) is gated to a closed mouth.
 
+    Members: ``members`` copies of the convolutions, each trained alone from its own seed
+    (``train.py --members``), whose coefficients are averaged. They run as one set of
+    grouped convolutions (member ``i`` owns the ``i``-th group of channels), so an ensemble
+    is still one small graph; on unheard speakers two members reduce what any one seed
+    gets wrong by chance (BENCHMARKS.md, issue 11's twelfth step).
+
     Smoothing is inside the window, because frames are computed independently (batched
     across sessions) and carry no state: the convolutions predict coefficients for every
     mel frame, and a fixed Gaussian (a zero-phase FIR) centred on the video frame's own
@@ -57,17 +63,19 @@ class AudioHead(nn.Module):
     mel_range: tuple[float, float] = (-10.0, 6.0)
 
     def __init__(self, timing: FrameTiming = TIMING, hidden: int = 96,
-                 sigma_frames: float = 1.5) -> None:
+                 sigma_frames: float = 1.5, members: int = 1) -> None:
         super().__init__()
         n_mels, window_frames = timing.features.n_mels, timing.window_frames
         self.n_mels = n_mels
         self.window_frames = window_frames
-        c_in = n_mels + 2
-        self.inp = nn.Conv1d(c_in, hidden, 3, padding=1)
+        self.members = members
+        c_in, width = n_mels + 2, hidden * members
+        self.inp = nn.Conv1d(c_in, width, 3, padding=1)
         self.blocks = nn.ModuleList(
-            nn.Conv1d(hidden, hidden, 3, padding=d, dilation=d) for d in (2, 4, 8)
+            nn.Conv1d(width, width, 3, padding=d, dilation=d, groups=members)
+            for d in (2, 4, 8)
         )
-        self.out = nn.Conv1d(hidden, len(SPEECH), 1)
+        self.out = nn.Conv1d(width, len(SPEECH) * members, 1, groups=members)
         # The video frame's own mel frames end where the look-ahead begins.
         centre = (window_frames - timing.lookahead_frames
                   - timing.mel_frames_per_video_frame / 2.0 - 0.5)
@@ -80,11 +88,25 @@ class AudioHead(nn.Module):
     @classmethod
     def from_weights(cls, path: str | Path = HEAD_WEIGHTS,
                      timing: FrameTiming = TIMING) -> AudioHead:
-        """A trained head, as wide as its weights say (its input layer's width)."""
+        """A trained head, as wide and with as many members as its weights say."""
         state = torch.load(path, map_location="cpu", weights_only=True)
-        head = cls(timing, hidden=int(state["inp.weight"].shape[0]))
+        hidden = int(state["blocks.0.weight"].shape[1])  # a member's width
+        head = cls(timing, hidden=hidden, members=int(state["inp.weight"].shape[0]) // hidden)
         head.load_state_dict(state)
         return head.eval()
+
+    @classmethod
+    def ensemble(cls, heads: list[AudioHead], timing: FrameTiming = TIMING) -> AudioHead:
+        """One head whose coefficients are the mean of ``heads``' (alike in width; each
+        one member): their weights side by side, as the groups of one head's convolutions."""
+        hidden = heads[0].inp.out_channels
+        joined = cls(timing, hidden=hidden, members=len(heads))
+        joined.tilt_norm = heads[0].tilt_norm
+        states = [h.state_dict() for h in heads]
+        joined.load_state_dict({
+            key: value if key == "kernel" else torch.cat([s[key] for s in states])
+            for key, value in joined.state_dict().items()})
+        return joined.eval()
 
     def _clean(self, mel: Tensor) -> Tensor:
         low, high = self.mel_range
@@ -114,7 +136,10 @@ class AudioHead(nn.Module):
         h = F.gelu(self.inp(x))
         for block in self.blocks:
             h = h + F.gelu(block(h))
-        coeffs = torch.sigmoid(self.out(h)).transpose(1, 2)
+        coeffs = torch.sigmoid(self.out(h))
+        if self.members > 1:
+            coeffs = torch.stack(coeffs.chunk(self.members, dim=1)).mean(dim=0)
+        coeffs = coeffs.transpose(1, 2)
         peak = (torch.logsumexp(self._clean(mel) * LN10, dim=2) / LN10).max(dim=1).values
         gate = torch.sigmoid((peak - self.gate_bels) / self.gate_width)
         return coeffs, gate

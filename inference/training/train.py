@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape-weight", type=float, default=1.0)
     ap.add_argument("--ce-weight", type=float, default=0.02)
     ap.add_argument("--hidden", type=int, default=96, help="channels of the convolutions")
+    ap.add_argument("--members", type=int, default=1,
+                    help="heads trained alone on the same windows, from seeds seed, "
+                         "seed+1, ..., and shipped as one whose output is their mean "
+                         "(AudioHead.ensemble)")
     ap.add_argument("--viseme-weight", type=viseme_weights, default={},
                     help="frames of these visemes count more in the loss, e.g. PP=3,FF=2")
     ap.add_argument("--warp", type=float, default=0.0,
@@ -335,12 +339,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
     if args.epochs == 0:
         return
-    model = train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
-                       seed=args.seed, tilt_norm=bool(args.tilt_norm),
-                       shape_weight=args.shape_weight, ce_weight=args.ce_weight,
-                       hidden=args.hidden, viseme_weight=args.viseme_weight,
-                       warp=args.warp, ccc_weight=args.ccc_weight,
-                       band_mask=args.band_mask, device=args.device)
+    members = [train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
+                          seed=args.seed + i, tilt_norm=bool(args.tilt_norm),
+                          shape_weight=args.shape_weight, ce_weight=args.ce_weight,
+                          hidden=args.hidden, viseme_weight=args.viseme_weight,
+                          warp=args.warp, ccc_weight=args.ccc_weight,
+                          band_mask=args.band_mask, device=args.device)
+               for i in range(args.members)]
+    model = members[0] if args.members == 1 else AudioHead.ensemble(members)
     t_train = time.time() - t_start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -359,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
             + (f" --n-train {args.n_train}" if args.n_train != 1600 else "")
             + (f" --n-festival {args.n_festival}" if args.n_festival != 800 else "")
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
+            + (f" --members {args.members}" if args.members != 1 else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (f" --lr {args.lr:g}" if args.lr != 4e-3 else "")
             + (f" --warp {args.warp:g}" if args.warp else "")
@@ -367,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
             + (" --viseme-weight " + ",".join(f"{k}={v:g}" for k, v in args.viseme_weight.items())
                if args.viseme_weight else ""),
         "device": args.device,
-        "seed": args.seed,
+        "seed": args.seed, "members": args.members,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "viseme_weight": args.viseme_weight or None, "warp": args.warp,
