@@ -59,9 +59,7 @@ def sentence() -> Utterance:
 
 @pytest.fixture(scope="module")
 def head() -> AudioHead:
-    model = AudioHead()  # the shipped weights: missing ones are a failure, not a skip
-    model.load_state_dict(torch.load(HEAD_WEIGHTS, map_location="cpu"))
-    return model.eval()
+    return AudioHead.from_weights(HEAD_WEIGHTS)  # missing weights fail, they do not skip
 
 
 def _run(head: AudioHead, audio: np.ndarray) -> np.ndarray:

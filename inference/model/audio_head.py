@@ -1,7 +1,7 @@
 """sonic-lite's trained audio head: a log-mel window to the SPEECH mouth coefficients.
 
-Trained by ``python -m inference.training.train`` on phoneme-labelled synthetic speech
-(see ``inference/training``); the weights ship as ``engines/sonic-lite-audio-head.pt``.
+Trained by ``python -m inference.training.train`` on phoneme-labelled speech, synthetic
+and real (see ``inference/training``); the weights ship as ``engines/sonic-lite-audio-head.pt``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ class AudioHead(nn.Module):
             h = h + F.gelu(block(h))
         coeffs = torch.sigmoid(self.out(h))
         if self.members > 1:
-            coeffs = torch.stack(coeffs.chunk(self.members, dim=1)).mean(dim=0)
+            n = self.out.out_channels // self.members  # an int, not a traced shape, so
+            # the exported graph keeps a static coefficient count
+            coeffs = sum(coeffs[:, i * n:(i + 1) * n] for i in range(self.members)) / self.members
         coeffs = coeffs.transpose(1, 2)
         peak = (torch.logsumexp(self._clean(mel) * LN10, dim=2) / LN10).max(dim=1).values
         gate = torch.sigmoid((peak - self.gate_bels) / self.gate_width)
