@@ -119,7 +119,7 @@ def test_audio_head_removes_spectral_tilt() -> None:
     frame = torch.randn(80) * 0.3 - 4.0
     mel = frame.expand(1, WINDOW, 80).clone()
     tilt = torch.linspace(-0.5, 0.5, 80)  # +-5 dB across the band
-    a, b = model.features(mel)[0, :80], model.features(mel + tilt)[0, :80]
+    a, b = model.features(mel)[0][0, :80], model.features(mel + tilt)[0][0, :80]
     diff = a - b  # only a level offset is left: the tilt itself is gone
     assert float((diff - diff.mean()).abs().max()) < 1e-4
 
@@ -244,6 +244,21 @@ def test_an_ensemble_head_gives_its_members_mean_and_loads_back_from_its_weights
         torch.testing.assert_close(joined(mel), want, atol=1e-6, rtol=0)
         torch.testing.assert_close(loaded(mel), want, atol=1e-6, rtol=0)
     assert loaded.members == 2 and loaded.inp.out_channels == 2 * 96
+
+
+def test_the_head_computes_only_the_frames_its_pooling_reads_and_agrees_with_the_whole_window(
+        ) -> None:
+    torch.manual_seed(0)
+    head = AudioHead.ensemble([AudioHead().eval(), AudioHead().eval()])
+    mel = torch.randn(8, WINDOW, 80) * 2.0 - 4.0
+    with torch.no_grad():
+        whole, gate = head.per_frame(mel)
+        tail, _ = head.per_frame(mel, head.pool_from)
+        pooled = (whole * head.kernel[None, :, None]).sum(dim=1) * gate[:, None]
+        torch.testing.assert_close(tail, whole[:, head.pool_from:], atol=2e-6, rtol=0)
+        torch.testing.assert_close(head(mel), pooled, atol=1e-5, rtol=0)
+    assert head.pool_from > WINDOW // 2  # most of the window is left out
+    assert float(head.kernel[:head.pool_from].sum()) < 1e-5
 
 
 def test_augmentations_keep_length_and_finite() -> None:

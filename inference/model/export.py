@@ -126,6 +126,10 @@ def _export_graph(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     model.doc_string = "sonic-lite talking head (Apache-2.0)"
     for node in model.graph.node:
         node.doc_string = ""
+        # The tracer writes omitted optional inputs as trailing empty names; a Pad with one
+        # is not fused into the Conv that reads it (onnxruntime's PadFusion).
+        while node.input and not node.input[-1]:
+            del node.input[-1]
     onnx.checker.check_model(model, full_check=True)
     path.write_bytes(model.SerializeToString(deterministic=True))
 
