@@ -149,7 +149,7 @@ class AudioHead(nn.Module):
             starts[i - 1] = max(starts[i] - layers[i].padding[0], 0)
         x, peak = self.features(mel)
         h = F.gelu(_conv_from(self.inp, x, 0, starts[0]))
-        for block, held_from, start in zip(self.blocks, starts, starts[1:]):
+        for block, held_from, start in zip(self.blocks, starts[:-1], starts[1:], strict=True):
             h = h[:, :, start - held_from:] + F.gelu(_conv_from(block, h, held_from, start))
         coeffs = torch.sigmoid(self.out(h[:, :, first - starts[-1]:]))
         if self.members > 1:
