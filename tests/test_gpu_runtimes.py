@@ -301,6 +301,25 @@ def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
         frames([onnx.prepare(portrait(256))], 12)), atol=5e-4)
 
 
+
+def test_ungrouped_convolutions_keep_the_audio_heads_coefficients() -> None:
+    import torch
+
+    from inference.model.export import build_model
+    from inference.runtimes.torch_cuda import ungroup_convolutions
+
+    model = build_model()
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv1d)]
+    assert any(c.groups > 1 for c in convs), "the shipped head has members"
+    mel = torch.from_numpy(windows()[:24])
+    with torch.no_grad():
+        grouped = model.head(mel)
+        ungroup_convolutions(model)
+        dense = model.head(mel)
+    assert all(c.groups == 1 for c in convs)
+    assert float(grouped.max()) > 0.3, "the speech opens the mouth"
+    torch.testing.assert_close(dense, grouped, atol=1e-6, rtol=0)
+
 # ---------------------------------------------------------------------- CUDA path
 @needs_cuda
 @pytest.mark.parametrize("size", [256, 512])
