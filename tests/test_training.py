@@ -246,6 +246,26 @@ def test_an_ensemble_head_gives_its_members_mean_and_loads_back_from_its_weights
     assert loaded.members == 2 and loaded.inp.out_channels == 2 * 96
 
 
+
+def test_a_student_trained_with_a_teacher_learns_the_teachers_answers(
+        sentence: Utterance) -> None:
+    """``--teacher`` with ``--distill 1``: the targets are the teacher's answers (here an
+    untrained head's, far from the labels), and the student learns those."""
+    from inference.training.train import train_head
+
+    windows = make_windows([(sentence.audio, sentence.phones)])
+    torch.manual_seed(1)
+    teacher = AudioHead(hidden=16).eval()
+    common = {"epochs": 40, "batch": 32, "lr": 4e-3, "seed": 0, "hidden": 16}
+    plain = train_head(windows, **common)
+    taught = train_head(windows, teacher=teacher, distill=1.0, **common)
+    mel = windows.batch(np.arange(windows.starts.size))
+    with torch.no_grad():
+        answers = teacher(mel)
+        from_labels = float((plain(mel) - answers).abs().mean())
+        from_teacher = float((taught(mel) - answers).abs().mean())
+    assert from_teacher < 0.5 * from_labels, (from_teacher, from_labels)
+
 def test_the_head_computes_only_the_frames_its_pooling_reads_and_agrees_with_the_whole_window(
         ) -> None:
     torch.manual_seed(0)

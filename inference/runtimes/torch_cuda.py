@@ -14,6 +14,9 @@ GPU runs that very module and needs no exporter or TensorRT. What makes it fast:
   instead of a few hundred eager kernels. On CUDA the unpacking, the gather and the model
   also go through ``torch.compile`` (fused kernels; ``compile=False`` to skip it) before
   capture: twice the frames/s of graphs alone on an H200, for ~20 s of compiling once.
+* **Dense convolutions for an ensemble's members.** Convolutions of a few groups run as
+  dense ones with block-diagonal weights (``ungroup_convolutions``): the same sums, and
+  cuDNN's grouped kernels are slow at these sizes.
 * **Pinned output, no host copies.** Frames come back as uint8 (RGB, or I420 converted on
   the device for the server's encoders: half the bytes) straight into pinned host
   memory (torch's caching host allocator recycles the buffer once the caller drops the

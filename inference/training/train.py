@@ -104,6 +104,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
                warp: float = 0.0, ccc_weight: float = 0.0, band_mask: int = 0,
+               teacher: AudioHead | None = None, distill: float = 0.0,
                device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
@@ -114,13 +115,17 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
     batch (1 - CCC), which, unlike the squared error, costs a head that hedges towards
     the middle where it is unsure (open vowels under-opened, lips left ajar through
     p/b/m); ``band_mask``: up to that many adjacent mel bands of each window hidden
-    (``mask_bands``). Returned on the CPU."""
+    (``mask_bands``); ``teacher``, ``distill``: each window's target moves that share of
+    the way to what ``teacher`` (a trained head, e.g. several members) makes of the same
+    window, so one member can learn the ensemble's answers. Returned on the CPU."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     device = torch.device(device)
     model = AudioHead(hidden=hidden).to(device)
     model.tilt_norm = tilt_norm
     batch_of = windows.batcher(device)
+    if teacher is not None:
+        teacher = teacher.to(device).eval()
     targets = torch.from_numpy(windows.targets).to(device)
     labels = torch.from_numpy(windows.labels).to(device)
     warps = torch.from_numpy(augment.vtlp_table(TIMING.features, warp)).to(device)
@@ -151,6 +156,9 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                                                           device=device)])
             if band_mask > 0:
                 mel = mask_bands(model._clean(mel), band_mask)
+            if teacher is not None:
+                with torch.no_grad():
+                    target = torch.lerp(target, teacher(mel), distill)
             pred = model(mel)
             per_frame = frame_weight[label][:, None]
             mse = (((pred - target) ** 2) * weight * per_frame).sum() / (
@@ -309,6 +317,10 @@ def main(argv: list[str] | None = None) -> None:
                          "augmentation draws): N, or per corpus, e.g. "
                          "kathleen=1,librispeech=4 (one reader's 93 minutes would "
                          "otherwise outweigh 235 speakers' 51)")
+    ap.add_argument("--teacher", metavar="HEAD.pt", default=None,
+                    help="a trained head whose answers the targets move towards (--distill)")
+    ap.add_argument("--distill", type=float, default=0.5,
+                    help="with --teacher: the share of each target taken from the teacher")
     ap.add_argument("--out", default=str(HEAD_WEIGHTS))
     ap.add_argument("--windows", metavar="FILE.npz", default=None,
                     help="train from the windows saved here, or build them and save them "
@@ -339,12 +351,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{windows.starts.size} training windows ({t_data:.0f}s)", flush=True)
     if args.epochs == 0:
         return
+    teacher = AudioHead.from_weights(args.teacher) if args.teacher else None
     members = [train_head(windows, epochs=args.epochs, batch=args.batch, lr=args.lr,
                           seed=args.seed + i, tilt_norm=bool(args.tilt_norm),
                           shape_weight=args.shape_weight, ce_weight=args.ce_weight,
                           hidden=args.hidden, viseme_weight=args.viseme_weight,
                           warp=args.warp, ccc_weight=args.ccc_weight,
-                          band_mask=args.band_mask, device=args.device)
+                          band_mask=args.band_mask, device=args.device,
+                          teacher=teacher, distill=args.distill)
                for i in range(args.members)]
     model = members[0] if args.members == 1 else AudioHead.ensemble(members)
     t_train = time.time() - t_start
@@ -366,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
             + (f" --n-festival {args.n_festival}" if args.n_festival != 800 else "")
             + (f" --hidden {args.hidden}" if args.hidden != 96 else "")
             + (f" --members {args.members}" if args.members != 1 else "")
+            + (f" --teacher {Path(args.teacher).name} --distill {args.distill:g}"
+               if args.teacher else "")
             + (f" --epochs {args.epochs}" if args.epochs != 8 else "")
             + (f" --lr {args.lr:g}" if args.lr != 4e-3 else "")
             + (f" --warp {args.warp:g}" if args.warp else "")
@@ -375,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
                if args.viseme_weight else ""),
         "device": args.device,
         "seed": args.seed, "members": args.members,
+        "distilled_from": json.loads(Path(args.teacher).with_suffix(".json").read_text())
+        if args.teacher and Path(args.teacher).with_suffix(".json").exists() else None,
+        "distill": args.distill if args.teacher else None,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "viseme_weight": args.viseme_weight or None, "warp": args.warp,
