@@ -301,7 +301,6 @@ def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
         frames([onnx.prepare(portrait(256))], 12)), atol=5e-4)
 
 
-
 def test_ungrouped_convolutions_keep_the_audio_heads_coefficients() -> None:
     import torch
 
@@ -319,6 +318,7 @@ def test_ungrouped_convolutions_keep_the_audio_heads_coefficients() -> None:
     assert all(c.groups == 1 for c in convs)
     assert float(grouped.max()) > 0.3, "the speech opens the mouth"
     torch.testing.assert_close(dense, grouped, atol=1e-6, rtol=0)
+
 
 # ---------------------------------------------------------------------- CUDA path
 @needs_cuda

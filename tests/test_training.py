@@ -246,7 +246,6 @@ def test_an_ensemble_head_gives_its_members_mean_and_loads_back_from_its_weights
     assert loaded.members == 2 and loaded.inp.out_channels == 2 * 96
 
 
-
 def test_a_student_trained_with_a_teacher_learns_the_teachers_answers(
         sentence: Utterance) -> None:
     """``--teacher`` with ``--distill 1``: the targets are the teacher's answers (here an
@@ -265,6 +264,7 @@ def test_a_student_trained_with_a_teacher_learns_the_teachers_answers(
         from_labels = float((plain(mel) - answers).abs().mean())
         from_teacher = float((taught(mel) - answers).abs().mean())
     assert from_teacher < 0.5 * from_labels, (from_teacher, from_labels)
+
 
 def test_the_head_computes_only_the_frames_its_pooling_reads_and_agrees_with_the_whole_window(
         ) -> None:

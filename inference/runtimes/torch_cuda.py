@@ -111,7 +111,6 @@ def ungroup_convolutions(model: nn.Module, most_groups: int = 4) -> None:
         conv.groups = 1
 
 
-
 @dataclass
 class _MotionGraph:
     """One captured batch profile of the coefficients alone (motion-only sessions)."""

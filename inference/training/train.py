@@ -391,9 +391,6 @@ def main(argv: list[str] | None = None) -> None:
                if args.viseme_weight else ""),
         "device": args.device,
         "seed": args.seed, "members": args.members,
-        "distilled_from": json.loads(Path(args.teacher).with_suffix(".json").read_text())
-        if args.teacher and Path(args.teacher).with_suffix(".json").exists() else None,
-        "distill": args.distill if args.teacher else None,
         "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "shape_weight": args.shape_weight, "ce_weight": args.ce_weight, "hidden": args.hidden,
         "viseme_weight": args.viseme_weight or None, "warp": args.warp,
