@@ -75,20 +75,6 @@ DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 PRECISIONS: tuple[str, ...] = ("fp16", "amp", "fp32")
 
 
-@dataclass
-class _Graph:
-    """One captured batch profile: static input rows in, static frames/coefficients out."""
-
-    rows: int
-    static_in: torch.Tensor
-    frames: torch.Tensor
-    coefficients: torch.Tensor
-    graph: torch.cuda.CUDAGraph
-    #: Recorded on the copy stream after this graph's outputs were copied out; the next
-    #: replay waits for it, so a replay never overwrites outputs still being copied.
-    copied: torch.cuda.Event
-
-
 def ungroup_convolutions(model: nn.Module, most_groups: int = 4) -> None:
     """Turn convolutions of a few groups (an ensemble's members side by side, as in
     sonic-lite's audio head) into dense ones with block-diagonal weights, in place.
@@ -109,6 +95,20 @@ def ungroup_convolutions(model: nn.Module, most_groups: int = 4) -> None:
             dense[out, inp] = weight[out]
         conv.weight = nn.Parameter(dense, requires_grad=False)
         conv.groups = 1
+
+
+@dataclass
+class _Graph:
+    """One captured batch profile: static input rows in, static frames/coefficients out."""
+
+    rows: int
+    static_in: torch.Tensor
+    frames: torch.Tensor
+    coefficients: torch.Tensor
+    graph: torch.cuda.CUDAGraph
+    #: Recorded on the copy stream after this graph's outputs were copied out; the next
+    #: replay waits for it, so a replay never overwrites outputs still being copied.
+    copied: torch.cuda.Event
 
 
 @dataclass

@@ -104,7 +104,7 @@ def train_head(windows: Windows, *, epochs: int, batch: int, lr: float, seed: in
                shape_weight: float = 1.0, ce_weight: float = 0.02,
                hidden: int = 96, viseme_weight: dict[str, float] | None = None,
                warp: float = 0.0, ccc_weight: float = 0.0, band_mask: int = 0,
-               teacher: AudioHead | None = None, distill: float = 0.0,
+               teacher: AudioHead | None = None, distill: float = 0.5,
                device: str | torch.device = "cpu") -> AudioHead:
     """``shape_weight``: the lip shapes' share of the loss against jawOpen's 3;
     ``ce_weight``: the viseme-classification term's (it sharpens which shape is meant);
