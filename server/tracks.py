@@ -201,7 +201,8 @@ class SharedVideo:
 
     def __init__(self, source: VideoSource, encodes: EncodeBatches, tuning: Vp8Tuning,
                  max_bitrate: int = vpx.MAX_BITRATE,
-                 on_encoded: Callable[[], None] = lambda: None) -> None:
+                 on_encoded: Callable[[], None] = lambda: None,
+                 retarget_every_s: float = RETARGET_EVERY_S) -> None:
         self._source = source
         self._encodes = encodes
         self._encoder = RealtimeVp8Encoder(tuning)
@@ -210,7 +211,9 @@ class SharedVideo:
         self._on_encoded = on_encoded
         self._queues: dict[asyncio.Queue[av.Packet | None], bool] = {}  # -> has a key frame
         self._rates: dict[asyncio.Queue[av.Packet | None], int] = {}  # -> estimate, bit/s
+        self._retarget_every_s = retarget_every_s
         self._retargeted = float("-inf")  # when the rate last changed (monotonic)
+        self._held_rise: asyncio.TimerHandle | None = None  # a rise waiting out the hold
         self._keyframe = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -258,20 +261,28 @@ class SharedVideo:
     def _retarget(self) -> None:
         """A new rate re-opens the encoder (a key frame for everyone): follow a fall at
         once, a rise only once it is 10% and the last change 5 s old, so that estimates
-        wandering as they ramp do not re-open it every second."""
+        wandering as they ramp do not re-open it every second. A rise held back is taken
+        when the hold ends, also when no viewer reports again (the poorest one left)."""
+        if self._held_rise is not None:
+            self._held_rise.cancel()
+            self._held_rise = None
         estimate = self.estimate
         target = min(vpx.DEFAULT_BITRATE if estimate is None else estimate,
                      self._max_bitrate)
         current = self._encoder.target_bitrate
         now = time.monotonic()
-        if target <= 0.9 * current or (target >= 1.1 * current
-                                       and now - self._retargeted >= RETARGET_EVERY_S):
+        held = self._retargeted + self._retarget_every_s - now
+        if target <= 0.9 * current or (target >= 1.1 * current and held <= 0):
             self._encoder.target_bitrate = target
             self._retargeted = now
+        elif target >= 1.1 * current and not self._closed:
+            self._held_rise = asyncio.get_running_loop().call_later(held, self._retarget)
 
     def close(self) -> None:
         """Viewers' streams end, and the encoder goes now, not at a later collection."""
         self._closed = True
+        if self._held_rise is not None:
+            self._held_rise.cancel()
         if self._task is not None:
             self._task.cancel()
         for queue in self._queues:

@@ -252,3 +252,24 @@ async def test_a_viewer_that_could_take_more_is_sent_no_more_than_the_cap() -> N
     track.limit_bitrate(300_000)
     video.close()
     assert capped == 600_000 and video.bitrate == 300_000
+
+
+async def test_when_the_poorest_viewer_leaves_the_rate_rises_once_the_hold_ends() -> None:
+    """A rise waits out the hold since the last change, and is then taken even if no
+    viewer reports again: the one that held everyone back is gone."""
+    from server.tracks import SharedVideo, SharedVideoTrack
+
+    source = Source()
+    source.ready = set(range(100))
+    video = SharedVideo(source, EncodeBatches(), Vp8Tuning(), retarget_every_s=0.3)
+    rich, poor = SharedVideoTrack(video), SharedVideoTrack(video)
+    await asyncio.wait_for(asyncio.gather(rich.recv(), poor.recv()), 0.5)
+    rich.limit_bitrate(1_000_000)
+    poor.limit_bitrate(300_000)
+    poor.stop()
+    held = video.bitrate
+    await asyncio.sleep(0.5)
+    risen = video.bitrate
+    video.close()
+    assert held == 300_000 and risen == 1_000_000
+
