@@ -279,7 +279,7 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                       network: Impairment | None = None,
                       view: tuple[str, str] | None = None,
                       configuration: RTCConfiguration | None = None,
-                      count_only: bool = False) -> Received:
+                      count_only: bool = False, estimates: bool = True) -> Received:
     """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
     ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
     sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
@@ -287,7 +287,9 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     ``view=(session_id, token)`` it sends nothing: it watches a session made by
     ``POST /sessions``, and leaves it running. ``configuration``: the client's own ICE
     servers and policy (none by default). With ``count_only`` what comes back is counted,
-    not decoded (``count_frames``): its frames have a ``pts`` and nothing else."""
+    not decoded (``count_frames``): its frames have a ``pts`` and nothing else. Without
+    ``estimates`` the viewer tells the server no bandwidth estimates (REMB), as a player
+    without congestion control would (``without_bandwidth_estimates``)."""
     motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
     if view is not None:
@@ -321,7 +323,9 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
         count_frames(pc)
     if network is not None:
         impair(pc, network)
-    body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    sdp = pc.localDescription.sdp
+    body: dict[str, Any] = {"sdp": sdp if estimates else without_bandwidth_estimates(sdp),
+                            "type": "offer"}
     if view is not None:
         body["session_id"], body["token"] = view
     if avatar:
@@ -349,6 +353,13 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     finally:
         await pc.close()
     return received
+
+
+def without_bandwidth_estimates(sdp: str) -> str:
+    """An offer without the send-time header extension, which aiortc's receivers need to
+    estimate bandwidth: the server then hears no REMB from this peer."""
+    return "".join(line for line in sdp.splitlines(keepends=True)
+                   if "abs-send-time" not in line)
 
 
 class SessionClient:
