@@ -8,10 +8,8 @@ COPY inference ./inference
 COPY engines ./engines
 COPY configs ./configs
 COPY static ./static
-# The README's install step, then librosa's one-off compilation, so the first session
-# does not pay for it.
-RUN pip install --no-cache-dir . \
-    && python -c "import librosa; librosa.filters.mel(sr=16000, n_fft=512, n_mels=80)"
+# The README's install step.
+RUN pip install --no-cache-dir .
 
 # HTTP, and media on a fixed UDP range (ice.udp_ports), so both can be published:
 #   docker run -p 8080:8080 -p 40000-40099:40000-40099/udp IMAGE

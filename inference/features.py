@@ -35,17 +35,27 @@ def mel_frequencies(n_mels: int, fmin: float, fmax: float) -> np.ndarray:
                     min_log_hz * np.exp(logstep * (mels - min_log_mel)))
 
 
+def mel_filterbank(spec: FeatureSpec) -> np.ndarray:
+    """(n_mels, n_fft // 2 + 1) float32 triangles on Slaney's mel scale, each scaled to unit
+    area ("slaney" norm): librosa's ``filters.mel`` defaults, the same floats, computed here
+    so that serving needs neither librosa nor the numba, scipy and scikit-learn it pulls in."""
+    fft_hz = np.fft.rfftfreq(spec.n_fft, 1.0 / spec.sample_rate)
+    edges = mel_frequencies(spec.n_mels + 2, spec.fmin, spec.fmax)
+    widths = np.diff(edges)
+    ramps = np.subtract.outer(edges, fft_hz)
+    weights = np.zeros((spec.n_mels, fft_hz.size), dtype=np.float32)
+    for i in range(spec.n_mels):
+        weights[i] = np.maximum(0, np.minimum(-ramps[i] / widths[i], ramps[i + 2] / widths[i + 1]))
+    weights *= (2.0 / (edges[2:] - edges[:-2]))[:, np.newaxis]
+    return weights
+
+
 @lru_cache(maxsize=8)
 def _tables(spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
     """(periodic hann window, mel matrix transposed to (n_fft // 2 + 1, n_mels)), cached."""
-    import librosa  # imported lazily: it is slow to import and only needed once
-
     n = np.arange(spec.n_fft, dtype=np.float64)
     window = (0.5 - 0.5 * np.cos(2.0 * np.pi * n / spec.n_fft)).astype(np.float32)
-    mel = librosa.filters.mel(
-        sr=spec.sample_rate, n_fft=spec.n_fft, n_mels=spec.n_mels, fmin=spec.fmin, fmax=spec.fmax
-    )
-    return window, np.ascontiguousarray(mel.T, dtype=np.float32)
+    return window, np.ascontiguousarray(mel_filterbank(spec).T, dtype=np.float32)
 
 
 def _left_pad(spec: FeatureSpec) -> int:

@@ -33,8 +33,7 @@ STATIC_DIR = REPO_ROOT / "static"
 
 
 def _warm_features(manifest: Manifest) -> None:
-    """librosa compiles its mel filterbank with numba on first use (seconds): build the
-    model's tables before the first session needs them."""
+    """Build the model's mel tables before the first session needs them."""
     log_mel(np.zeros(manifest.features.n_fft, np.float32), manifest.features)
 
 
@@ -64,8 +63,8 @@ async def _warm_up(state: ServerState) -> None:
 
 
 def _freeze_startup_objects() -> None:
-    """Keep what start-up made (about 290,000 objects: librosa, numba, aiortc, the model's
-    tables) out of every later garbage collection. A full collection over them stopped the
+    """Keep what start-up made (aiortc, PyAV, the model's tables: some 100,000s of objects)
+    out of every later garbage collection. A full collection over them stopped the
     event loop for 140-165 ms, so a session connecting then took in a burst of audio that
     stayed in its buffer as extra delay (measured: 130 -> 290 ms pipeline delay)."""
     gc.collect()
@@ -150,9 +149,9 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
         meter = asyncio.get_running_loop().create_task(state.loop_load.run(
             lambda: (sessions.media_cost(loop=True), sessions.settled_cost(loop=True))))
         try:
-            log.info("warming the audio features (librosa)")
+            log.info("warming the audio features")
             await asyncio.to_thread(_warm_features, manifest)
-            await _warm_up(state)  # after librosa, so the engine timings are not contended
+            await _warm_up(state)
             _freeze_startup_objects()
             log.info("ready: model %s on %s, capacity %.0f frames/s at %dx%d", manifest.name,
                      resolved, inference.capacity_fps(settings.video.size),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import librosa
@@ -9,7 +11,13 @@ import numpy as np
 import pytest
 
 from inference.engine import FeatureSpec
-from inference.features import FrameWindows, StreamingLogMel, log_mel, mel_frequencies
+from inference.features import (
+    FrameWindows,
+    StreamingLogMel,
+    log_mel,
+    mel_filterbank,
+    mel_frequencies,
+)
 from inference.model.timing import TIMING
 from inference.tts import SpeechUnavailable, espeak
 
@@ -241,3 +249,29 @@ def test_audio_held_back_until_samples_wanted_completes_each_frame_when_it_is_pu
 def test_mel_frequencies_match_librosa_without_it(n: int, fmin: float, fmax: float) -> None:
     np.testing.assert_allclose(mel_frequencies(n, fmin, fmax),
                                librosa.mel_frequencies(n, fmin=fmin, fmax=fmax), rtol=1e-9)
+
+
+@pytest.mark.parametrize("spec", [SPEC, FeatureSpec(n_mels=64, fmin=50.0, fmax=7600.0),
+                                  FeatureSpec(sample_rate=22050, n_fft=1024, n_mels=128,
+                                              fmax=11025.0)])
+def test_the_mel_filterbank_is_librosas_bit_for_bit(spec: FeatureSpec) -> None:
+    """The shipped model was trained on librosa's filterbank: ours must be the same floats."""
+    ours = mel_filterbank(spec)
+    theirs = librosa.filters.mel(sr=spec.sample_rate, n_fft=spec.n_fft, n_mels=spec.n_mels,
+                                 fmin=spec.fmin, fmax=spec.fmax)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_serving_never_imports_librosa() -> None:
+    """The server, its features and its runtime start without librosa (and the numba,
+    scipy and scikit-learn it brings): GPU hosts install what serving needs and no more."""
+    script = ("import sys, numpy as np\n"
+              "import server.app, server.front_door, server.worker, inference.inference_process\n"
+              "import inference.runtimes.onnxruntime\n"
+              "from inference.features import log_mel\n"
+              "log_mel(np.zeros(16000, np.float32))\n"
+              "print(sorted(m for m in ('librosa', 'numba', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
