@@ -154,7 +154,8 @@ async def _clients(url: str, wav: str, sessions: int, size: int, seconds: float,
         return {"session_id": received.session_id, "fps": fps,
                 "arrivals": [round(t, 4) for t in arrivals],
                 "late": None if speech is None else
-                [(round(t, 4), round(1000 * s, 1)) for t, s in speech.late]}
+                [(round(t, 4), round(1000 * s, 1)) for t, s in speech.late],
+                "packet_s": None if speech is None else speech.packet_s}
 
     # Offers spread over the first second, as real callers would arrive.
     return list(await asyncio.gather(*(one(i / max(1, sessions)) for i in range(sessions))))
@@ -196,11 +197,12 @@ def _session_row(stats: dict[str, Any], fps: float | None) -> dict[str, Any]:
             "av_offset_ms": stats["av_offset_ms"]}
 
 
-def _late_ms(late: list[list[float]], t0: float, t1: float, *qs: float) -> list[float]:
-    """The ``qs`` quantiles of how late a peer sent its packets between ``t0`` and ``t1``:
-    ``late`` holds (time, ms) of those over ``EncodedSpeech.LATE_S``, and the rest count
-    as on time."""
-    sent = round((t1 - t0) / EncodedSpeech.PERIOD_S)
+def _late_ms(late: list[list[float]], t0: float, t1: float, packet_s: float,
+             *qs: float) -> list[float]:
+    """The ``qs`` quantiles of how late a peer sent its packets (one every ``packet_s``)
+    between ``t0`` and ``t1``: ``late`` holds (time, ms) of those over
+    ``EncodedSpeech.LATE_S``, and the rest count as on time."""
+    sent = round((t1 - t0) / packet_s)
     values = sorted((ms for t, ms in late if t0 <= t < t1), reverse=True)
     ranks = (int(round((1.0 - q) * sent, 6)) for q in qs)
     return [values[rank] if rank < len(values) else 0.0 for rank in ranks]
@@ -299,7 +301,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
     fps_by_id = {r["session_id"]: _window_fps(r["arrivals"], window.t0, window.t1)
                  for r in results if "fps" in r}
     fps = list(fps_by_id.values())
-    late = [_late_ms(r["late"], window.t0, window.t1, 0.95, 0.99)
+    late = [_late_ms(r["late"], window.t0, window.t1, r["packet_s"], 0.95, 0.99)
             for r in results if r.get("late") is not None]
     late_p95, late_p99 = [q for q, _ in late], [q for _, q in late]
     fps_whole = [r["fps"] for r in results if "fps" in r]

@@ -28,8 +28,10 @@ import av
 import numpy as np
 from aiortc import RTCPeerConnection
 from aiortc.codecs import get_decoder
+from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+from aiortc.rtp import RtpPacket
 
 from server.media_clock import AUDIO_RATE
 from server.time_scale import FADE, MIN_LAG, best_lag, splice_in, splice_out
@@ -291,10 +293,31 @@ def _audio_decoder(codec: RTCRtpCodecParameters) -> Any:
     return _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
 
 
+class PacketsOnArrival:
+    """Stands in for aiortc's audio jitter buffer, which lets a packet go only once four
+    more have come (80 ms of 20 ms packets, 160 ms of 40 ms ones) and holds everything
+    behind a lost packet until 16 have piled up: delay that no one measured, before the
+    session's own buffer (``AudioIngest``) even sees the audio. That buffer rides out
+    jitter itself, so here a packet passes as it arrives; one older than a packet already
+    passed comes too late to be heard and is dropped."""
+
+    capacity = 16
+
+    def __init__(self) -> None:
+        self._last: int | None = None
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        if self._last is not None and not 0 < (packet.sequence_number - self._last) % 65536 < 32768:
+            return False, None
+        self._last = packet.sequence_number
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
 def decode_on_loop(pc: RTCPeerConnection, track: MediaStreamTrack) -> None:
     """``track``'s receiver decodes on the event loop (``InlineAudioDecoder``) rather than on
-    a thread of its own; call as the track arrives, before the connection is up. Audio
-    only: decoding a picture is long enough to hold the loop up."""
+    a thread of its own, each packet as it arrives (``PacketsOnArrival``); call as the track
+    arrives, before the connection is up. Audio only: decoding a picture is long enough to
+    hold the loop up."""
     receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track),
                     None)
     if receiver is None or track.kind != "audio" or \
@@ -302,6 +325,7 @@ def decode_on_loop(pc: RTCPeerConnection, track: MediaStreamTrack) -> None:
         return
     receiver._RTCRtpReceiver__decoder_queue = InlineAudioDecoder(  # type: ignore[attr-defined]
         track._queue, receiver._RTCRtpReceiver__decoder_error)  # type: ignore[attr-defined]
+    receiver._RTCRtpReceiver__jitter_buffer = PacketsOnArrival()  # type: ignore[attr-defined]
     aiortc.rtcrtpreceiver.decoder_worker = _decoder_thread
 
 

@@ -15,7 +15,9 @@ import argparse
 import asyncio
 import fractions
 import json
+import re
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
@@ -29,7 +31,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, RtcpSrPacket, RtpPacket, pack_remb_fci
 
-from server.encoding import SpeechOpusEncoder
+from server.encoding import SpeechOpusEncoder, join_opus
 from server.peer import pin_host_addresses
 
 RATES = {"audio": 48000, "video": 90000}
@@ -135,6 +137,10 @@ class EncodedSpeech(MediaStreamTrack):
         self._packets = packets
         self._n = 0
         self._start: float | None = None
+        #: 20 ms frames a packet carries: ``run_session`` sets it from the answer's
+        #: ``a=ptime``, as a browser does (``asked_ptime``).
+        self.frames_per_packet = 1
+        self._unsent: deque[av.Packet] = deque()  # frames that could not be joined
         #: (monotonic time, seconds late) of each packet that left over ``LATE_S`` after
         #: its time: the sender's own jitter (a busy loop, then a burst to catch up), which
         #: the server's jitter buffer then holds as extra delay.
@@ -152,7 +158,14 @@ class EncodedSpeech(MediaStreamTrack):
         return [bytes(encoder.encode(pcm[n * 960:(n + 1) * 960], n * 960))
                 for n in range(pcm.size // 960)]
 
+    @property
+    def packet_s(self) -> float:
+        """Speech a packet carries, in seconds: the time between two packets."""
+        return self.PERIOD_S * self.frames_per_packet
+
     async def recv(self) -> av.Packet:
+        if self._unsent:
+            return self._unsent.popleft()
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
@@ -161,10 +174,25 @@ class EncodedSpeech(MediaStreamTrack):
             await asyncio.sleep(due - loop.time())
         if (now := loop.time()) - due > self.LATE_S:
             self.late.append((now, now - due))
-        packet = av.Packet(self._packets[self._n % len(self._packets)])
-        packet.pts, packet.time_base = self._n * 960, fractions.Fraction(1, 48000)
-        self._n += 1
+        frames = [self._frame(self._n + i) for i in range(self.frames_per_packet)]
+        self._n += len(frames)
+        joined = join_opus(frames) if len(frames) > 1 else frames[0]
+        if joined is not None:
+            return joined
+        self._unsent.extend(frames[1:])
+        return frames[0]
+
+    def _frame(self, n: int) -> av.Packet:
+        packet = av.Packet(self._packets[n % len(self._packets)])
+        packet.pts, packet.time_base = n * 960, fractions.Fraction(1, 48000)
         return packet
+
+
+def asked_ptime(sdp: str) -> int | None:
+    """The audio packet length (ms) an SDP asks for (``a=ptime`` in its audio section)."""
+    audio = re.search(r"m=audio .*?(?=\r?\nm=|\Z)", sdp, re.S)
+    found = re.search(r"^a=ptime:(\d+)", audio.group(0), re.M) if audio else None
+    return int(found.group(1)) if found else None
 
 
 def _watch_sender_reports(receiver: RTCRtpReceiver, stream: Stream) -> None:
@@ -342,6 +370,9 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                                 coefficient_arrivals=arrivals)
             for transceiver in pc.getTransceivers():
                 _watch_sender_reports(transceiver.receiver, getattr(received, transceiver.kind))
+            ptime = asked_ptime(answer["sdp"])
+            if isinstance(audio, EncodedSpeech) and ptime:
+                audio.frames_per_packet = max(1, min(6, ptime // 20))
             await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
             stop_at = time.monotonic() + seconds
             await asyncio.gather(*(

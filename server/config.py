@@ -193,10 +193,12 @@ class SessionSettings:
                                     "lips then trail the sound by up to this much for that "
                                     "frame, instead of a frozen picture for a whole frame",
                                     low=0.0, high=40.0)
-    audio_packet_ms: int = setting(40, "returned speech per RTP packet (Opus frames of 20 ms "
-                                   "joined): 40 sends half the packets of 20, and with them "
-                                   "half the audio's per-packet work; a packet lost takes "
-                                   "that much sound with it", choices=(20, 40, 60))
+    audio_packet_ms: int = setting(40, "speech per RTP packet, both ways: the returned "
+                                   "speech's (Opus frames of 20 ms joined), and what the "
+                                   "answer asks peers to send (a=ptime; browsers honour "
+                                   "it). 40 halves the packets of 20, and with them the "
+                                   "audio's per-packet work; a packet lost takes that much "
+                                   "sound with it", choices=(20, 40, 60))
     jitter_ms: float = setting(30.0, "inbound audio held beyond the 20 ms chunk being read, "
                                "to ride out a late packet; after a stall or with a skewed "
                                "sender clock the buffer is steered back to it by playing "

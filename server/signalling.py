@@ -437,16 +437,15 @@ async def offer(request: web.Request) -> web.Response:
         fail(400, exc.code, str(exc))
     session = await _created(state, spec, owner)
     try:
-        pc = await answer_offer(session, sdp, ice=state.settings.ice,
-                                codec=state.settings.video.codec, on_gone=session.close_soon)
+        pc, answer = await answer_offer(
+            session, sdp, ice=state.settings.ice, codec=state.settings.video.codec,
+            on_gone=session.close_soon, audio_packet_ms=state.settings.session.audio_packet_ms)
     except Exception as exc:
         await session.close("offer rejected")
         log.info("offer rejected: %s", exc)
         fail(400, "bad_offer", f"the offer could not be answered: {exc}")
     state.sessions.add_peer(session, pc)
-    return web.json_response({"sdp": pc.localDescription.sdp,
-                              "type": pc.localDescription.type,
-                              "session_id": session.id})
+    return web.json_response({"sdp": answer, "type": "answer", "session_id": session.id})
 
 
 async def _attach_viewer(state: ServerState, body: dict[str, Any]) -> web.Response:
@@ -457,14 +456,15 @@ async def _attach_viewer(state: ServerState, body: dict[str, Any]) -> web.Respon
     session = state.sessions.get(session_id) if isinstance(session_id, str) else None
     if session is None:
         fail(404, "unknown_session", f"no live session {session_id!r}")
-    pc, _ = await _viewer(state, session, body.get("token"), body.get("sdp"), body.get("type"))
-    return web.json_response({"sdp": pc.localDescription.sdp,
-                              "type": pc.localDescription.type, "session_id": session.id})
+    answer, _ = await _viewer(state, session, body.get("token"), body.get("sdp"),
+                              body.get("type"))
+    return web.json_response({"sdp": answer, "type": "answer", "session_id": session.id})
 
 
 async def _viewer(state: ServerState, session: Session, token: object, sdp: object,
-                  kind: object) -> tuple[RTCPeerConnection, str]:
-    """Answer a viewer's offer, if ``token`` is the session's: the connection and its id."""
+                  kind: object) -> tuple[str, str]:
+    """Answer a viewer's offer, if ``token`` is the session's: the answer and the
+    connection's id."""
     if not isinstance(token, str) or session.token is None or \
             not hmac.compare_digest(token, session.token):
         fail(403, "bad_token", "a viewer needs the token POST /sessions (or POST /whip) gave "
@@ -483,13 +483,14 @@ async def _viewer(state: ServerState, session: Session, token: object, sdp: obje
             asyncio.get_running_loop().create_task(pc.close())
 
     try:
-        pc = await answer_offer(session, offer, ice=state.settings.ice,
-                                codec=state.settings.video.codec, on_gone=gone)
+        pc, answer = await answer_offer(
+            session, offer, ice=state.settings.ice, codec=state.settings.video.codec,
+            on_gone=gone, audio_packet_ms=state.settings.session.audio_packet_ms)
     except Exception as exc:
         log.info("viewer offer rejected: %s", exc)
         fail(400, "bad_offer", f"the offer could not be answered: {exc}")
     peer_id = state.sessions.add_peer(session, pc)
-    return pc, peer_id
+    return answer, peer_id
 
 
 # ---- WHIP (RFC 9725): an encoder or SFU pushes the speech, viewers attach ---------------
@@ -552,16 +553,17 @@ async def whip_publish(request: web.Request) -> web.Response:
         fail(400, exc.code, str(exc))
     session = await _created(state, spec, owner, published=True)
     try:
-        pc = await answer_offer(session, sdp, ice=state.settings.ice,
-                                codec=state.settings.video.codec, on_gone=session.close_soon,
-                                publisher=True)
+        pc, answer = await answer_offer(
+            session, sdp, ice=state.settings.ice, codec=state.settings.video.codec,
+            on_gone=session.close_soon, publisher=True,
+            audio_packet_ms=state.settings.session.audio_packet_ms)
     except Exception as exc:
         await session.close("offer rejected")
         log.info("WHIP offer rejected: %s", exc)
         fail(400, "bad_offer", f"the offer could not be answered: {exc}")
     state.sessions.add_peer(session, pc)
     viewer = f"/?session={session.id}&token={session.token}"
-    return web.Response(status=201, text=pc.localDescription.sdp, content_type=WHIP_SDP,
+    return web.Response(status=201, text=answer, content_type=WHIP_SDP,
                         headers={"Location": f"/whip/{session.id}",
                                  "Link": f'</sessions/{session.id}>; rel="related", '
                                          f'<{viewer}>; rel="alternate"; title="viewer page"',
@@ -601,8 +603,8 @@ async def whep_view(request: web.Request) -> web.Response:
     scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
     token = bearer.strip() if scheme.lower() == "bearer" else request.rel_url.query.get("token")
     text = await read_body(request, request.text())
-    pc, peer_id = await _viewer(state, session, token, text, "offer")
-    return web.Response(status=201, text=pc.localDescription.sdp, content_type=WHIP_SDP,
+    answer, peer_id = await _viewer(state, session, token, text, "offer")
+    return web.Response(status=201, text=answer, content_type=WHIP_SDP,
                         headers={"Location": f"/sessions/{session.id}/whep/{peer_id}"})
 
 

@@ -472,6 +472,15 @@ window.sonic = {
     });
     return audio;
   },
+  // Packets of the microphone's speech sent so far (the answer asks for 40 ms a packet).
+  async audioPacketsSent() {
+    let packets = 0;
+    if (!pc) return packets;
+    (await pc.getStats()).forEach((s) => {
+      if (s.type === 'outbound-rtp' && s.kind === 'audio') packets = s.packetsSent ?? 0;
+    });
+    return packets;
+  },
 };
 
 loadAvatars().catch((error) => {

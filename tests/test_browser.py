@@ -102,6 +102,8 @@ COUNT_VIDEO_FRAMES = """() => {
 SAMPLE = """async () => ({
     frames: await window.sonic.framesDecoded(),
     audio: await window.sonic.audioReceived(),
+    sent: await window.sonic.audioPacketsSent(),
+    now: performance.now(),
     currentTime: document.getElementById('video').currentTime,
     presented: window.presented,
 })"""
@@ -193,6 +195,11 @@ async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
             packets = after["audio"]["packets"] - before["audio"]["packets"]
             assert samples >= 4.0 * 48000 and concealed <= 0.02 * samples, (before, after)
             assert abs(packets - samples / 1920) <= 3, (before, after)
+            # The microphone's speech comes in 40 ms packets too: the answer asks for them
+            # (a=ptime:40) and Chromium sends 25 a second where it would send 50.
+            assert "a=ptime:40" in answer["sdp"]
+            sent_per_s = (after["sent"] - before["sent"]) / ((after["now"] - before["now"]) / 1e3)
+            assert 23.0 <= sent_per_s <= 27.0, (before, after)
 
             # The stats panel shows numbers (it refreshes every second).
             stats = page.locator("#stats")

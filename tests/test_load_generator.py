@@ -44,8 +44,33 @@ def test_a_peer_late_by_a_burst_shows_in_its_quantiles_only_inside_the_window():
     # A 10 s window (500 packets), one stall: 30 packets 80 down to 22 ms late, and one
     # 300 ms late before the window opened.
     late = [(5.0, 300.0)] + [(20.0 + 0.001 * i, 80.0 - 2.0 * i) for i in range(30)]
-    assert _late_ms(late, 10.0, 30.0, 0.99, 0.95) == [
+    assert _late_ms(late, 10.0, 30.0, 0.02, 0.99, 0.95) == [
         60.0,  # of 1,000 packets: the 11th latest
         0.0]  # 30 late packets are 3% of them
-    assert _late_ms(late, 15.0, 25.0, 0.95) == [30.0]  # of 500: the 26th latest
-    assert _late_ms([], 10.0, 30.0, 0.99) == [0.0]
+    assert _late_ms(late, 15.0, 25.0, 0.02, 0.95) == [30.0]  # of 500: the 26th latest
+    assert _late_ms(late, 15.0, 25.0, 0.04, 0.95) == [56.0]  # of 250 40 ms packets: 13th
+    assert _late_ms([], 10.0, 30.0, 0.02, 0.99) == [0.0]
+
+
+async def test_the_answer_asks_for_a_packet_length_and_peers_read_it_back():
+    """``a=ptime`` goes into the audio section only, and a load generator's peer reads it
+    back as a browser does (``asked_ptime``)."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    from server.client import asked_ptime
+    from server.peer import with_ptime
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.addTransceiver("audio", direction="sendrecv")
+        pc.addTransceiver("video", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+    finally:
+        await pc.close()
+    assert asked_ptime(sdp) is None
+    asked = with_ptime(sdp, 40)
+    assert asked_ptime(asked) == 40 and asked.count("a=ptime:") == 1
+    audio, video = asked.split("m=video")
+    assert "a=ptime:40\r\n" in audio and "ptime" not in video.replace("minptime", "")
+    assert asked_ptime(with_ptime(sdp.split("m=video")[0].rstrip() + "\r\n", 60)) == 60
