@@ -28,7 +28,7 @@ import av
 import numpy as np
 from aiortc import RTCPeerConnection
 from aiortc.codecs import get_decoder
-from aiortc.jitterbuffer import JitterFrame
+from aiortc.jitterbuffer import MAX_MISORDER, JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
@@ -299,18 +299,23 @@ class PacketsOnArrival:
     behind a lost packet until 16 have piled up: delay that no one measured, before the
     session's own buffer (``AudioIngest``) even sees the audio. That buffer rides out
     jitter itself, so here a packet passes as it arrives; one older than a packet already
-    passed comes too late to be heard and is dropped."""
+    passed comes too late to be heard and is dropped, unless it is so far behind that the
+    sender must have started its numbering again (as aiortc's buffer judges it)."""
 
-    capacity = 16
+    capacity = 16  # read by aiortc
 
     def __init__(self) -> None:
         self._last: int | None = None
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
-        if self._last is not None and not 0 < (packet.sequence_number - self._last) % 65536 < 32768:
-            return False, None
+        """(no picture lost, the packet's frame or None), as aiortc's buffer answers."""
+        if self._last is not None:
+            ahead = (packet.sequence_number - self._last) % 65536
+            if ahead == 0 or 65536 - ahead <= MAX_MISORDER:
+                return False, None
         self._last = packet.sequence_number
-        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+        data = packet._data  # type: ignore[attr-defined]  # the receiver's depayloaded payload
+        return False, JitterFrame(data=data, timestamp=packet.timestamp)
 
 
 def decode_on_loop(pc: RTCPeerConnection, track: MediaStreamTrack) -> None:

@@ -199,7 +199,8 @@ def test_inbound_packets_pass_as_they_arrive_and_late_ones_are_dropped() -> None
 
     buffer = PacketsOnArrival()
     passed = []
-    for seq in (65534, 65535, 0, 2, 1, 2, 3, 65535):  # wraps; 1 comes after 2; 2 twice
+    # Wraps; 1 comes after 2; 2 twice; then the sender numbers afresh from 40000.
+    for seq in (65534, 65535, 0, 2, 1, 2, 3, 65535, 40000, 40001):
         packet = RtpPacket(sequence_number=seq, timestamp=seq * 1920)
         packet._data = bytes([seq % 256])  # type: ignore[attr-defined]
         pli, frame = buffer.add(packet)
@@ -207,7 +208,7 @@ def test_inbound_packets_pass_as_they_arrive_and_late_ones_are_dropped() -> None
         if frame is not None:
             assert frame.data == bytes([seq % 256]) and frame.timestamp == seq * 1920
             passed.append(seq)
-    assert passed == [65534, 65535, 0, 2, 3]
+    assert passed == [65534, 65535, 0, 2, 3, 40000, 40001]
 
 
 def test_the_resampler_says_what_more_input_will_bring_out_and_batching_changes_nothing():
