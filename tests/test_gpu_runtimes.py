@@ -9,7 +9,9 @@ when a coefficient moves by 1e-4, so besides max and mean we bound the share of 
   audio head's convolutions in different orders).
 * torch-cuda ``fp16`` (FP16 portrait bank, FP32 math) and ``amp`` (autocast FP16 math,
   non-finite rows redone in FP32) vs onnxruntime: mean <= 1, at most 0.01 % of values off
-  by more than 8, none by more than 32; coefficients <= 1e-2.
+  by more than 8, none by more than 32; coefficients <= 1e-2 (the motion graph under
+  ``fp16``: 2e-3, since cuDNN may run its convolutions in TF32, PyTorch's default; the
+  audio head, made dense on CUDA, was off by up to 6.8e-4 on an H100).
 * padding a batch to a captured size, or splitting it into chunks: max 1, mean 0.01
   (kernels may sum in another order per batch size); coefficients to 1e-6 on the CPU and
   1e-5 on CUDA.
@@ -355,7 +357,8 @@ def test_torch_cuda_motion_alone_matches_the_onnx_motion_graph(opts: dict[str, o
     np.testing.assert_allclose(again, out[:3], atol=1e-5)
     assert np.isfinite(out).all()  # FP32 even under amp: silence gives no NaN
     np.testing.assert_allclose(out, onnx.run_motion(
-        frames([onnx.prepare(portrait(256))], count)), atol=5e-4)
+        frames([onnx.prepare(portrait(256))], count)),
+        atol=1e-2 if opts["precision"] == "amp" else 2e-3)
 
 
 @needs_cuda
