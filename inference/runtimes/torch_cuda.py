@@ -209,7 +209,9 @@ class TorchCudaEngine:
 
             model_factory = build_model
         model = model_factory().eval()
-        if self.on_cuda:
+        if self.on_cuda and self.precision != "fp32":
+            # Dense convolutions run in TF32 where cuDNN picks it (PyTorch's default): fine
+            # for fp16 and amp, not for the fp32 reference, which keeps the grouped ones.
             ungroup_convolutions(model)
         model = model.to(self.device)
         for p in model.parameters():
