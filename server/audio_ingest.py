@@ -302,8 +302,6 @@ class PacketsOnArrival:
     passed comes too late to be heard and is dropped, unless it is so far behind that the
     sender must have started its numbering again (as aiortc's buffer judges it)."""
 
-    capacity = 16  # read by aiortc
-
     def __init__(self) -> None:
         self._last: int | None = None
 
