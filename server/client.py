@@ -49,13 +49,28 @@ class Stream:
     rtp_origin: int | None = None
 
     def sender_times(self) -> np.ndarray:
-        """Server wall-clock (NTP) time of each item, from the latest sender report."""
+        """Server wall-clock (NTP) time of each item, from the sender report nearest the
+        sender's own clock (``anchor``)."""
+        ntp, rtp = self.anchor()
+        raw = (self.rtp_origin + np.asarray(self.pts, np.int64)) % (1 << 32)
+        return ntp + _rtp_delta(raw, rtp) / RATES[self.kind]
+
+    def anchor(self, recent: int = 8) -> tuple[float, int]:
+        """Of the last ``recent`` sender reports, the one that puts the RTP clock earliest.
+        A report pairs an RTP timestamp with the time its packet left (aiortc's sender
+        notes it after the send), so a busy sender makes a report late, never early: one
+        late by half a frame would shift every time it gives by a frame."""
         if not self.reports or self.rtp_origin is None:
             raise RuntimeError(f"no sender report received on the {self.kind} stream")
-        ntp, rtp = self.reports[-1]
-        raw = (self.rtp_origin + np.asarray(self.pts, np.int64)) % (1 << 32)
-        delta = (raw - rtp + (1 << 31)) % (1 << 32) - (1 << 31)
-        return ntp + delta / RATES[self.kind]
+        candidates = self.reports[-recent:]
+        _, last_rtp = candidates[-1]
+        return min(candidates,
+                   key=lambda r: r[0] - _rtp_delta(r[1], last_rtp) / RATES[self.kind])
+
+
+def _rtp_delta(timestamp: Any, reference: int) -> Any:
+    """``timestamp - reference`` in RTP ticks, across the 32-bit wrap."""
+    return (timestamp - reference + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
 @dataclass

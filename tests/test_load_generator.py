@@ -74,3 +74,15 @@ async def test_the_answer_asks_for_a_packet_length_and_peers_read_it_back():
     audio, video = asked.split("m=video")
     assert "a=ptime:40\r\n" in audio and "ptime" not in video.replace("minptime", "")
     assert asked_ptime(with_ptime(sdp.split("m=video")[0].rstrip() + "\r\n", 60)) == 60
+
+
+def test_a_late_sender_report_does_not_shift_the_times_a_stream_was_sent():
+    from server.client import Stream
+
+    stream = Stream("video", pts=[0, 3600, 7200], rtp_origin=(1 << 32) - 3600)
+    # Two reports of one clock, the second noted 25 ms after its packet's time (a busy
+    # sender), and both across the RTP timestamp's wrap.
+    stream.reports = [(1000.0, (1 << 32) - 3600), (1001.025, 86400)]
+    assert stream.sender_times().tolist() == pytest.approx([1000.0, 1000.04, 1000.08])
+    stream.reports.reverse()  # whichever came last
+    assert stream.sender_times().tolist() == pytest.approx([1000.0, 1000.04, 1000.08])
