@@ -26,8 +26,7 @@ server_last=$(( ${SERVER_CORES:-$(( cores * 3 / 4 ))} - 1 ))
 wav=${WAV:-.gpudata/speech.wav}
 mkdir -p "${OUT:-.}"
 out=${OUT:-.}/gpu_bench.jsonl
-settings=(--runtime "${RUNTIME:-torch-cuda}" --set session.max_sessions=1024
-          --set session.max_motion_sessions=2048 ${SERVER_SETTINGS:-})
+settings=(--runtime "${RUNTIME:-torch-cuda}" ${SERVER_SETTINGS:-})
 python3 -m benchmarks.sessions --wav "$wav" --points "$@" --seconds "${SECONDS_PER_RUN:-40}" \
     --json --server-cpus "0-$server_last" --client-cpus "$(( server_last + 1 ))-$(( cores - 1 ))" \
     --server-logs "${OUT:-.}/logs" -- "${settings[@]}" | tee -a "$out"

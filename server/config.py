@@ -26,6 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
 WITHHELD = "(withheld)"
+#: Video sessions per core that ``session.max_sessions = 0`` allows. A 256x256 session was
+#: never measured below 0.061 cores (BENCHMARKS.md), so at ``max_host_load`` 0.75 measured
+#: load refuses the next session before this count does: the count only bounds memory.
+SESSIONS_PER_CORE = 12
 
 
 class ConfigError(ValueError):
@@ -227,7 +231,10 @@ class SessionSettings:
                                "none on the CPU, whose engine gains little from batching "
                                "while frames bunched together queue for it; -1: none, each "
                                "clock starts when its session is made", low=-1, high=40)
-    max_sessions: int = setting(16, "most live sessions", low=1)
+    max_sessions: int = setting(0, "most live sessions; 0: 12 per core the server may run "
+                                "on, more than measured load has admitted at the defaults "
+                                "on any host, so that measured load decides. It also sizes "
+                                "the frame ring in /dev/shm", low=0)
     max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
                                        "a data channel, no video to encode)", low=0)
     max_worker_load: float = setting(0.8, "admit a session on a media worker only while its "
@@ -397,6 +404,8 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.partition(".")
         _apply(settings, section, key, value)
+    if settings.session.max_sessions == 0:
+        settings.session.max_sessions = SESSIONS_PER_CORE * len(os.sched_getaffinity(0))
     return settings.validate()
 
 

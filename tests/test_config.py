@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,16 @@ def test_help_lists_every_setting_with_its_default_in_plain_text(capsys):
             assert f"  {section}.{key} = " in shown
     assert "session.motion_scale = 1.0  (in [0, 2])" in shown
     assert "``" not in shown and ":mod:" not in shown
+
+
+def test_the_session_count_left_at_zero_follows_the_cores_the_server_may_run_on():
+    cores = len(os.sched_getaffinity(0))
+    shipped = load_settings(REPO_ROOT / "configs" / "default.toml")
+    assert shipped.session.max_sessions == load_settings().session.max_sessions == 12 * cores
+    assert shipped.effective()["session"]["max_sessions"] == 12 * cores  # logged resolved
+    assert load_settings(None, {"session.max_sessions": 5}).session.max_sessions == 5
+    pinned = subprocess.run(
+        [sys.executable, "-c", "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+         "from server.config import load_settings; print(load_settings().session.max_sessions)"],
+        capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert pinned.stdout.strip() == "12"  # one core
