@@ -184,3 +184,63 @@ async def test_encodes_asked_in_one_turn_of_the_loop_go_to_threads_a_batch_at_a_
         assert (frame.width, frame.height) == (64, 64)
     threads = [e.thread for e in encoders]  # four encoded on one thread, two on another
     assert 0 not in threads and len(set(threads[:4])) == 1 and len(set(threads[4:])) == 1
+
+
+def test_libopus_refusing_a_frame_names_the_call_and_its_reason():
+    from server.opus import OpusEncoder, OpusError
+
+    with pytest.raises(OpusError, match="opus_encode of 1000 samples: invalid argument"):
+        OpusEncoder().encode(np.zeros(1000, np.int16))  # not 2.5, 5, 10, 20, 40 or 60 ms
+
+
+def _conversation_chunks() -> list[np.ndarray]:
+    try:
+        speech = conversation(48000).astype(np.int16)
+    except SpeechUnavailable as exc:
+        pytest.skip(str(exc))
+    return [speech[i:i + 960] for i in range(0, len(speech) - 960, 960)]
+
+
+def _snr(sent: np.ndarray, got: np.ndarray) -> float:
+    sent, got = sent.astype(float), got.astype(float)
+    return float(10 * np.log10(np.sum(sent ** 2) / np.sum((sent - got) ** 2)))
+
+
+def test_speech_coded_by_libopus_itself_is_ffmpegs_coding_byte_for_byte():
+    chunks = _conversation_chunks()
+    rng = np.random.default_rng(0)
+    chunks = [c + rng.integers(-1, 2, c.size).astype(np.int16) for c in chunks]  # no silence
+    ours = SpeechOpusEncoder()
+    ffmpeg = av.CodecContext.create("libopus", "w")
+    ffmpeg.bit_rate, ffmpeg.format, ffmpeg.layout, ffmpeg.sample_rate = 64000, "s16", "mono", 48000
+    ffmpeg.time_base = fractions.Fraction(1, 48000)
+    ffmpeg.options = {"application": "lowdelay", "compression_level": "5"}
+    for k, chunk in enumerate(chunks):
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 48000, 960 * k
+        [theirs] = ffmpeg.encode(frame)
+        assert bytes(ours.encode(chunk, 960 * k)) == bytes(theirs)
+
+
+def test_settled_silence_is_sent_again_without_the_encoder_and_decodes_as_if_coded():
+    from server.opus import OpusEncoder
+
+    chunks = _conversation_chunks()
+    encoder = SpeechOpusEncoder()
+    calls = []
+    encode = encoder._encoder.encode
+    encoder._encoder.encode = lambda samples: calls.append(1) or encode(samples)  # type: ignore[method-assign]
+    sent = [encoder.encode(c, 960 * k) for k, c in enumerate(chunks)]
+    everything = OpusEncoder()
+    coded = [av.Packet(everything.encode(c)) for c in chunks]
+    silent = [not c.any() for c in chunks]
+    assert sum(silent) > 100 and len(calls) < len(chunks) - 0.8 * sum(silent)
+    assert {bytes(p) for p, s in zip(sent, silent, strict=True) if s} >= {b"\xf8\xff\xfe"}
+    assert [p.pts for p in sent] == [960 * k for k in range(len(chunks))]
+    speech, lag = np.concatenate(chunks), 120  # the codec's delay
+    ours, theirs = _decoded(sent)[lag:], _decoded(coded)[lag:]
+    n = ours.size
+    assert abs(_snr(speech[:n], ours) - _snr(speech[:n], theirs)) < 0.2
+    for k in [k for k in range(1, len(chunks) - 3) if silent[k - 1] and not silent[k]]:
+        onset = slice(960 * k, 960 * (k + 3))  # the 60 ms after each pause
+        assert _snr(speech[onset], ours[onset]) > _snr(speech[onset], theirs[onset]) - 2.0
