@@ -26,9 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
 WITHHELD = "(withheld)"
-#: Video sessions per core that ``session.max_sessions = 0`` allows. A 256x256 session was
-#: never measured below 0.061 cores (BENCHMARKS.md), so at ``max_host_load`` 0.75 measured
-#: load refuses the next session before this count does: the count only bounds memory.
+#: Video sessions per core that ``session.max_sessions = 0`` allows. A 256x256 session has
+#: cost 0.061-0.077 cores on the hosts measured (BENCHMARKS.md), so at ``max_host_load``
+#: 0.75 measured load refuses the next session before this count does there.
 SESSIONS_PER_CORE = 12
 
 
