@@ -243,11 +243,12 @@ class SessionSettings:
     max_host_load: float = setting(0.75, "admit a session only while the server's processes, "
                                    "measured each second, would keep at most this share of "
                                    "its cores busy with it", low=0.01, high=1.0)
-    cores_per_session: float = setting(0.11, "cores a 256x256 video session is taken to need "
-                                       "until the server has measured its own (an H200 host "
-                                       "measured 0.084-0.107 in a steady state); a 512x512 "
-                                       "one 1.7 times that, a motion-only one 0.55 times",
-                                       low=0.001)
+    cores_per_session: float = setting(0.09, "cores a 256x256 video session is taken to need "
+                                       "until the server has measured its own (one-GPU hosts "
+                                       "measured 0.061-0.089 in a steady state, before the "
+                                       "returned speech's encode was cut by a twelfth); a "
+                                       "512x512 one 1.7 times that, a motion-only one 0.55 "
+                                       "times", low=0.001)
     max_engine_load: float = setting(0.9, "admit a session only while all sessions need at "
                                      "most this share of the engine's measured capacity",
                                      low=0.001)
