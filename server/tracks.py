@@ -404,8 +404,8 @@ class SessionAudioTrack(MediaStreamTrack):
         return self._encoder.encode(samples, clock.audio_pts(k))
 
     def stop(self) -> None:
-        """Also let the encoder go now: PyAV keeps a resampler in it whose filter graph
-        holds a thread per core, and a garbage collection that would free the track may
-        be minutes away."""
+        """Also let the encoder (its libopus state) go now: a garbage collection that
+        would free the track may be minutes away, and a ``recv`` asleep meanwhile ends
+        when it wakes."""
         super().stop()
         self._encoder = None
