@@ -231,10 +231,10 @@ class SessionSettings:
                                "none on the CPU, whose engine gains little from batching "
                                "while frames bunched together queue for it; -1: none, each "
                                "clock starts when its session is made", low=-1, high=40)
-    max_sessions: int = setting(0, "most live sessions; 0: 12 per core the server may run "
-                                "on, more than measured load has admitted at the defaults "
-                                "on any host, so that measured load decides. It also sizes "
-                                "the frame ring in /dev/shm", low=0)
+    max_sessions: int = setting(0, f"most live sessions; 0: {SESSIONS_PER_CORE} per core the "
+                                "server may run on, more than measured load has admitted at "
+                                "the defaults on any host, so that measured load decides. It "
+                                "also sizes the frame ring in /dev/shm", low=0)
     max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
                                        "a data channel, no video to encode)", low=0)
     max_worker_load: float = setting(0.8, "admit a session on a media worker only while its "

@@ -21,6 +21,8 @@ from functools import cache
 
 import numpy as np
 
+from server.media_clock import AUDIO_RATE
+
 #: ``OPUS_APPLICATION_RESTRICTED_LOWDELAY``: CELT only, no look-ahead for speech detection.
 RESTRICTED_LOWDELAY = 2051
 _SET_BITRATE, _SET_COMPLEXITY, _SET_VBR_CONSTRAINT = 4002, 4010, 4020
@@ -63,13 +65,11 @@ class OpusEncoder:
     """A mono Opus encoder at 48 kHz: int16 samples in (2.5 to 20 ms: see above), one
     packet out."""
 
-    RATE = 48000
-
     def __init__(self, *, bitrate: int = 64000, complexity: int = 5,
                  application: int = RESTRICTED_LOWDELAY) -> None:
         lib = _lib()
         error = ctypes.c_int()
-        self._state = lib.opus_encoder_create(self.RATE, 1, application, ctypes.byref(error))
+        self._state = lib.opus_encoder_create(AUDIO_RATE, 1, application, ctypes.byref(error))
         _check(error.value, "opus_encoder_create")
         weakref.finalize(self, lib.opus_encoder_destroy, ctypes.c_void_p(self._state))
         # Unconstrained VBR, as FFmpeg's libopus wrapper sets it ("vbr=on").
@@ -82,6 +82,7 @@ class OpusEncoder:
 
     def encode(self, samples: np.ndarray) -> bytes:
         pcm = np.ascontiguousarray(samples, np.int16)
-        size = _check(self._encode(self._state, pcm.ctypes.data, pcm.size, self._out,
-                                   MAX_PACKET), f"opus_encode of {pcm.size} samples")
+        size = self._encode(self._state, pcm.ctypes.data, pcm.size, self._out, MAX_PACKET)
+        if size < 0:  # checked here, not by ``_check``: its message is not made per chunk
+            _check(size, f"opus_encode of {pcm.size} samples")
         return ctypes.string_at(self._out, size)
