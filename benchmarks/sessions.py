@@ -374,6 +374,8 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         # model) and the median worker's loop share per 256x256 session.
         "learnt": {"cores_per_session": window.health.get("cores_per_session"),
                    "loop_unit_median": round(float(np.median(units)), 4) if units else None},
+        # What the server measured at start-up (``server.calibration``), before any offer.
+        "calibration": window.health.get("calibration"),
         "video_kbps_median": round(float(np.median(bitrates)) / 1000) if bitrates else None,
         "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)
         if batches else None,
@@ -500,7 +502,7 @@ def _print_row(row: dict[str, Any], as_json: bool) -> None:
           f"{row['av_offset_ms_p95_worst']!s:>8} {row['repeated_%']!s:>9}", flush=True)
     print("  ", json.dumps({k: row[k] for k in (
         "served", "refused", "refusals", "fps_below_24", "cpu_per_session",
-        "cpu_by_process", "client_cpu_cores", "host_cores", "learnt",
+        "cpu_by_process", "client_cpu_cores", "host_cores", "learnt", "calibration",
         "gpu_util_%", "batch_mean", "scheduler_drops", "admissions")}), flush=True)
 
 

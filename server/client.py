@@ -161,14 +161,18 @@ class EncodedSpeech(MediaStreamTrack):
         #: the server's jitter buffer then holds as extra delay.
         self.late: list[tuple[float, float]] = []
 
-    @staticmethod
-    def encode_wav(path: str) -> list[bytes]:
+    @classmethod
+    def encode_wav(cls, path: str) -> list[bytes]:
         """A WAV's speech (any rate and layout) as one mono Opus packet per 20 ms."""
         resampler = av.AudioResampler(format="s16", layout="mono", rate=48000)
         with av.open(path) as container:
-            pcm = np.concatenate([
+            return cls.encode_pcm(np.concatenate([
                 out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
-                for out in resampler.resample(frame)])
+                for out in resampler.resample(frame)]))
+
+    @staticmethod
+    def encode_pcm(pcm: np.ndarray) -> list[bytes]:
+        """Mono 48 kHz int16 speech as one Opus packet per 20 ms."""
         encoder = SpeechOpusEncoder()
         return [bytes(encoder.encode(pcm[n * 960:(n + 1) * 960], n * 960))
                 for n in range(pcm.size // 960)]
@@ -322,7 +326,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
                       network: Impairment | None = None,
                       view: tuple[str, str] | None = None,
                       configuration: RTCConfiguration | None = None,
-                      count_only: bool = False, estimates: bool = True) -> Received:
+                      count_only: bool = False, estimates: bool = True,
+                      headers: dict[str, str] | None = None) -> Received:
     """Offer, stream ``wav`` in real time (or the ``audio`` track given instead), and record
     ``seconds`` of what comes back (with ``coefficients``, also the motion coefficients
     sent on a data channel). With ``options={"motion_only": True}`` the offer asks for no
@@ -332,7 +337,8 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     servers and policy (none by default). With ``count_only`` what comes back is counted,
     not decoded (``count_frames``): its frames have a ``pts`` and nothing else. Without
     ``estimates`` the viewer tells the server no bandwidth estimates (REMB), as a player
-    without congestion control would (``without_bandwidth_estimates``)."""
+    without congestion control would (``without_bandwidth_estimates``). ``headers`` go
+    with the offer and the hang-up."""
     motion_only = bool(options and options.get("motion_only"))
     pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
     if view is not None:
@@ -376,7 +382,7 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     if options:
         body["options"] = options
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=headers) as http:
             async with http.post(f"{base_url}/offer", json=body) as response:
                 answer = await response.json()
                 if response.status != 200:

@@ -249,6 +249,12 @@ class SessionSettings:
                                        "returned speech's encode was cut by a twelfth); a "
                                        "512x512 one 1.7 times that, a motion-only one 0.55 "
                                        "times", low=0.001)
+    calibration_sessions: int = setting(0, "sessions the front door runs against itself at "
+                                        "start-up, before it reports ready, to measure what a "
+                                        "session costs this host's cores: admission's first "
+                                        "figure in place of cores_per_session. 0: a quarter of "
+                                        "what cores_per_session and the engine would admit, 2 "
+                                        "to 24; -1: none", low=-1, high=256)
     max_engine_load: float = setting(0.9, "admit a session only while all sessions need at "
                                      "most this share of the engine's measured capacity",
                                      low=0.001)

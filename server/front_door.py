@@ -33,11 +33,23 @@ from inference.inference_process import InferenceProcess, unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
 from server.access import Access
 from server.app import STATIC_DIR, check_model, inference_config
+from server.calibration import HEADERS_ENV, TOKEN_HEADER, PeerPlan
 from server.config import Settings
-from server.load import CoresBusy, CostModel
+from server.errors import ApiError
+from server.load import CoresBusy, CostModel, cores_used
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
-from server.placement import HostLoad, Limits, Refused, WorkerLoad, engine_loads, place
+from server.placement import (
+    HostLoad,
+    Limits,
+    Refused,
+    WorkerLoad,
+    engine_loads,
+    place,
+    session_cost,
+)
+from server.sessions import SETTLED_S
 from server.signalling import (
+    RETRY_AFTER_S,
     allowed_hosts,
     at_capacity,
     config_body,
@@ -57,6 +69,17 @@ log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 #: A process that keeps dying is restarted after a growing pause, up to this.
 MAX_RESTART_DELAY_S = 30.0
+#: The start-up calibration (``server.calibration``): the server's idle cores are read over
+#: IDLE_S, its sessions' once all have settled over MEASURE_S; it gives up after
+#: CALIBRATION_TIMEOUT_S, and the prior stands.
+IDLE_S = 1.5
+MEASURE_S = 3.0
+CALIBRATION_TIMEOUT_S = 60.0
+CALIBRATION_SESSIONS = (2, 24)
+
+
+class CalibrationFailed(RuntimeError):
+    pass
 
 
 def default_workers(runtime: str) -> int:
@@ -106,9 +129,18 @@ class FrontDoor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.cores = len(os.sched_getaffinity(0))
-        self.cores_busy = CoresBusy(lambda: [os.getpid(), *(
-            p.pid for p in [*self.inference, *self.workers] if p.pid is not None)])
+        self.cores_busy = CoresBusy(self.pids)
         self.host_model = CostModel(settings.session.cores_per_session)
+        #: While set, only the calibration's own peers (their offers carrying the token)
+        #: are given sessions; ``calibration`` then holds what it measured, or why not.
+        self.calibrating = settings.session.calibration_sessions >= 0
+        self.calibration: dict[str, Any] | None = None
+        self._calibration_token = secrets.token_urlsafe(16)
+
+    def pids(self) -> list[int]:
+        """The server's processes: this one, its inference processes and workers."""
+        return [os.getpid(), *(p.pid for p in [*self.inference, *self.workers]
+                               if p.pid is not None)]
 
     # ------------------------------------------------------------------ life cycle
     def _inference_process(self, gpu: int) -> InferenceProcess:
@@ -148,6 +180,8 @@ class FrontDoor:
         self.metrics.workers_alive.set(len(self.workers))
         self._later(self.cores_busy.run())
         self._later(self._learn_host_cost())
+        if self.calibrating:
+            self._later(self._calibrate())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -290,6 +324,102 @@ class FrontDoor:
                                     sum(load.media_cost for load in loads),
                                     sum(load.settled_cost for load in loads))
 
+    # ------------------------------------------------------------------ calibration
+    def is_calibration_peer(self, request: web.Request) -> bool:
+        return secrets.compare_digest(request.headers.get(TOKEN_HEADER, ""),
+                                      self._calibration_token)
+
+    async def _calibrate(self) -> None:
+        """Measures what a session costs this host before taking clients' sessions
+        (``server.calibration``); on any failure the prior stands, and the server serves."""
+        prior = self.host_model.unit
+        try:
+            self.calibration = await asyncio.wait_for(self._measure_session_cost(),
+                                                      CALIBRATION_TIMEOUT_S)
+        except (CalibrationFailed, TimeoutError, OSError, ValueError) as exc:
+            reason = str(exc) or f"not done within {CALIBRATION_TIMEOUT_S:g} s"
+            self.calibration = {"error": reason}
+            log.warning("start-up calibration failed (%s): a 256x256 session is taken to "
+                        "cost %.3f cores (session.cores_per_session) until measured",
+                        reason, prior)
+        else:
+            log.info("start-up calibration: %d sessions at %dx%d, %.3f cores a 256x256 "
+                     "session (the prior was %.3f), %.2f cores idle, %.1f fps at least",
+                     self.calibration["sessions"], self.settings.video.size,
+                     self.settings.video.size, self.calibration["cores_per_session"], prior,
+                     self.calibration["idle_cores"], self.calibration["fps_min"])
+        finally:
+            self.calibrating = False
+
+    def _calibration_sessions(self, loads: list[WorkerLoad]) -> int:
+        """As set, or a quarter of what the prior and the engine would admit: enough for
+        a reading well above the idle server's noise, few enough for any host to carry."""
+        s = self.settings.session
+        if s.calibration_sessions > 0:
+            return s.calibration_sessions
+        size, fps = self.settings.video.size, self.settings.video.fps
+        engine = sum({load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}.values())
+        admits = min(self.cores * s.max_host_load / (s.cores_per_session * session_cost(size)),
+                     engine * s.max_engine_load / fps, s.max_sessions)
+        low, high = CALIBRATION_SESSIONS
+        return int(min(high, max(low, admits // 4)))
+
+    def _peer_plan(self, sessions: int) -> tuple[PeerPlan, dict[str, str]]:
+        """Where the calibration's peers reach this server, and what they must send."""
+        http = self.settings.http
+        host = "127.0.0.1" if http.host in ("", "0.0.0.0", "::") else http.host
+        host = f"[{host}]" if ":" in host else host
+        headers = {TOKEN_HEADER: self._calibration_token}
+        if http.api_keys:
+            headers["Authorization"] = f"Bearer {http.api_keys[0]}"
+        if http.allowed_hosts:
+            headers["Host"] = http.allowed_hosts[0]
+        return PeerPlan(f"http://{host}:{http.port}", sessions, 2 * SETTLED_S + MEASURE_S,
+                        list(self.settings.ice.host_addresses)), headers
+
+    async def _measure_session_cost(self) -> dict[str, Any]:
+        """Idle cores, then ``_calibration_sessions`` real sessions' cores once all have
+        settled, from the CPU time of the server's processes (not their peers')."""
+        size = self.settings.video.size
+        sessions = self._calibration_sessions(await self.loads())
+        idle = await cores_used(self.pids, IDLE_S)
+        plan, headers = self._peer_plan(sessions)
+        peers = await asyncio.create_subprocess_exec(
+            *plan.command(), env={**os.environ, HEADERS_ENV: json.dumps(headers)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            cost = sessions * session_cost(size)
+            while True:
+                loads = await self.loads()
+                if sum(load.settled_cost for load in loads) >= cost - 1e-9:
+                    break
+                if peers.returncode is not None:
+                    raise CalibrationFailed(f"its peers ended before their {sessions} "
+                                            "sessions had settled")
+                await asyncio.sleep(0.25)
+            busy = await cores_used(self.pids, MEASURE_S)
+            if sum(load.settled_cost for load in await self.loads()) < cost - 1e-9:
+                raise CalibrationFailed("sessions ended while they were measured")
+            out, err = await peers.communicate()
+        finally:
+            if peers.returncode is None:
+                peers.kill()
+                await peers.wait()
+        if peers.returncode != 0:
+            raise CalibrationFailed(f"its peers failed: {err.decode()[-500:]}")
+        fps = json.loads(out)["video_fps"]
+        if min(fps) < 24:
+            log.warning("start-up calibration: the host carried %d sessions at %.1f fps at "
+                        "least, below 24: what they cost is a floor", sessions, min(fps))
+        unit = max(0.001, (busy - idle) / cost)
+        self.host_model.calibrate(idle, unit)
+        while sum(load.count for load in await self.loads()):  # the peers have hung up
+            await asyncio.sleep(0.1)
+        return {"sessions": sessions, "size": size, "cores_per_session": round(unit, 4),
+                "idle_cores": round(idle, 3), "busy_cores": round(busy, 3),
+                "fps_min": round(min(fps), 2)}
+
     @contextlib.asynccontextmanager
     async def placed(self, size: int, motion_only: bool = False
                      ) -> AsyncIterator[WorkerProcess]:
@@ -388,8 +518,9 @@ async def healthz(request: web.Request) -> web.Response:
     capacity = {load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}
     workers = {load.index: load for load in loads}
     gpu_loads = engine_loads(loads, fps)
+    status = "calibrating" if door.calibrating else "ok" if loads else "starting"
     return web.json_response({
-        "status": "ok" if loads else "starting",
+        "status": status,
         "sessions": sum(load.count for load in loads),
         "motion_sessions": sum(load.motion_count for load in loads),
         "model": door.manifest.name,
@@ -407,6 +538,7 @@ async def healthz(request: web.Request) -> web.Response:
         "cores": door.cores,
         "cores_busy": round(door.cores_busy.value, 2),
         "cores_per_session": round(door.host_model.unit, 4),  # per 256x256, as measured
+        "calibration": door.calibration,  # at start-up (server.calibration)
         "frame_size": size,
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
                      "sessions": workers[w.index].count if w.index in workers else None,
@@ -418,7 +550,8 @@ async def healthz(request: web.Request) -> web.Response:
                     for w in door.workers],
         "inference": [{"gpu": g, "pid": p.pid, "alive": p.alive, "max_batch": p.max_batch}
                       for g, p in enumerate(door.inference)],
-    })
+    }, status=503 if door.calibrating else 200,
+        headers={"Retry-After": str(RETRY_AFTER_S)} if door.calibrating else None)
 
 
 @routes.get("/metrics")
@@ -571,6 +704,10 @@ async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
     ``POST /whip``)."""
     door = _door(request)
     request.app[access_key].caller(request)  # no place is held for a caller without a key
+    if door.calibrating and not door.is_calibration_peer(request):
+        raise ApiError(503, "calibrating", "the server is measuring what a session costs on "
+                       "this host before it takes sessions; retry in a few seconds",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
     options = body.get("options")
     options = options if isinstance(options, dict) else {}  # the worker names the problem
     size = options.get("size", body.get("size", door.settings.video.size))

@@ -50,6 +50,18 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds these processes have used, together."""
+    return sum(process_cpu_seconds(pid) for pid in pids)
+
+
+async def cores_used(pids: Callable[[], Iterable[int]], seconds: float) -> float:
+    """Cores the processes ``pids()`` keep busy over the next ``seconds``."""
+    before, wall = cpu_seconds(pids()), time.monotonic()
+    await asyncio.sleep(seconds)
+    return max(cpu_seconds(pids()) - before, 0.0) / (time.monotonic() - wall)
+
+
 class CoresBusy:
     """Cores the server's processes kept busy, measured every ``interval`` seconds over
     ``pids()`` (the front door, its workers and inference processes) and smoothed."""
@@ -112,3 +124,7 @@ class CostModel:
         elif settled_cost >= max(self.min_cost, total_cost):
             measured = max(0.01, (busy - self.idle) / settled_cost)
             self.unit += self.smoothing * (measured - self.unit)
+
+    def calibrate(self, idle: float, unit: float) -> None:
+        """Start from what was measured at start-up rather than the prior."""
+        self.idle, self.unit = idle, unit

@@ -68,11 +68,12 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 class ServerProcess:
-    """``python -m server`` for a test. Its engine may be loaded to 1.2 of what it measured
-    unless ``extra`` says otherwise (a later ``--set`` wins): the tests' peers share the two
-    cores with it, and on a slow host the CPU engine measured itself short of the sessions
-    a test opens (one 512x512 session, or a soak's four at 256x256) and refused them.
-    Admission at capacity has its own server and test."""
+    """``python -m server`` for a test. Unless ``extra`` says otherwise (a later ``--set``
+    wins), its engine may be loaded to 1.2 of what it measured: the tests' peers share the
+    two cores with it, and on a slow host the CPU engine measured itself short of the
+    sessions a test opens (one 512x512 session, or a soak's four at 256x256) and refused
+    them; and it is ready without the start-up calibration's 10 s of sessions. Admission
+    at capacity and the calibration have their own servers and tests."""
 
     def __init__(self, *extra: str, ice_host: str = "127.0.0.1", port: int | None = None
                  ) -> None:
@@ -82,7 +83,8 @@ class ServerProcess:
             if (REPO_ROOT / "out").is_dir() else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--port", str(self.port), "--ice-host", ice_host,
-             "--set", "session.max_engine_load=1.2", *extra],
+             "--set", "session.max_engine_load=1.2",
+             "--set", "session.calibration_sessions=-1", *extra],
             cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -114,6 +114,60 @@ def test_the_cost_of_a_session_is_learnt_once_a_burst_has_settled(door, speech_w
     assert abs(health["cores_per_session"] - prior) > 0.02, (prior, health)
 
 
+def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions():
+    """Before it reports ready the front door runs sessions against itself and takes
+    what they cost its cores; meanwhile ``/healthz`` and a client's offer get 503 with
+    ``Retry-After``. Here, two cores carrying the CPU engine, a 256x256 session costs far
+    more than the prior (0.09, from GPU hosts), and the first burst of offers is charged
+    what was measured: admitted up to ``max_host_load`` of the cores, not the engine's
+    limit (8 sessions at the tests' ``max_engine_load``) nor the prior's (16)."""
+    from conftest import ServerProcess, call_json
+    from test_http_api import _offer_sdp
+
+    server = ServerProcess("--set", "workers.count=2", "--set", "session.calibration_sessions=0")
+    try:
+        async def while_calibrating() -> tuple[dict, str | None, int, dict]:
+            async with aiohttp.ClientSession() as http:
+                while True:
+                    try:
+                        async with http.get(f"{server.url}/healthz") as response:
+                            health, retry = await response.json(), \
+                                response.headers.get("Retry-After")
+                            break
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.2)
+            status, refusal = await call_json("POST", f"{server.url}/offer",
+                                              {"sdp": await _offer_sdp(), "type": "offer"})
+            return health, retry, status, refusal
+
+        health, retry, status, refusal = asyncio.run(while_calibrating())
+        assert health["status"] == "calibrating" and retry is not None, health
+        assert status == 503 and refusal["error"] == "calibrating", refusal
+        server.wait_ready()
+        health = _get(f"{server.url}/healthz")
+        calibration = health["calibration"]
+        assert calibration["sessions"] == 2 and calibration["fps_min"] >= 24, calibration
+        assert health["sessions"] == 0 and health["status"] == "ok"
+        unit = health["cores_per_session"]
+        assert unit == calibration["cores_per_session"] > 0.09 + 0.05, health
+
+        async def burst() -> list[tuple[int, dict]]:
+            sdp = await _offer_sdp()
+            return await asyncio.gather(*(call_json("POST", f"{server.url}/offer",
+                                                    {"sdp": sdp, "type": "offer"})
+                                          for _ in range(12)))
+
+        answers = asyncio.run(burst())
+        admitted = sum(status == 200 for status, _ in answers)
+        share = _get(f"{server.url}/config")["settings"]["session"]["max_host_load"]
+        expected = (share * health["cores"] - calibration["idle_cores"]) / unit
+        assert abs(admitted - expected) <= 1, (admitted, expected, health)
+        refusals = [body["message"] for status, body in answers if status != 200]
+        assert refusals and all("session.max_host_load" in m for m in refusals), refusals
+    finally:
+        server.stop()
+
+
 def _portrait_png() -> bytes:
     from inference.images import load_default_avatar
 

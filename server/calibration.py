@@ -1,0 +1,135 @@
+"""What a session costs this host, measured at start-up with real sessions (issue 8).
+
+Admission charges each new session at what a 256x256 session has been measured to cost
+the server's cores (``CostModel``). Until its own sessions have settled, a server knows
+only the prior ``session.cores_per_session``, measured on other hosts: a burst of offers
+on a fresh server would be admitted on a guess, too many on a slower host and too few on
+a faster one. So before the front door reports ready it runs a few sessions against
+itself, through the whole path a client's session takes (signalling, ICE and DTLS,
+inbound Opus, features, the shared scheduler and engine, the encoders, RTP out), and
+takes what they cost from the CPU time of its own processes.
+
+The peers run in a process of their own (``python -m server.calibration``), whose CPU
+is not counted: they send speech encoded once and count what comes back without
+decoding it, as the load generator's peers do. The speech is a synthetic voice (voiced
+syllables on formants, with pauses), so that no recording need be shipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Sent with the peers' offers: the front door takes only these while it measures.
+TOKEN_HEADER = "X-Sonic-Calibration"
+#: The peers' request headers (the token, an API key, the Host the server answers to),
+#: in the environment rather than on a command line every user can read.
+HEADERS_ENV = "SONIC_CALIBRATION_HEADERS"
+RATE = 48000
+
+#: (F1, F2, F3) in Hz of five vowels, as a grown voice speaks them.
+VOWELS = np.array([(730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240),
+                   (530, 1840, 2480), (570, 840, 2410)], np.float64)
+
+
+def synthetic_speech(seconds: float = 8.0, rate: int = RATE, seed: int = 0) -> np.ndarray:
+    """A voice-like signal (int16, mono): phrases of 3-7 voiced syllables, each a vowel's
+    formants on a falling pitch with a noise burst at its onset, and pauses between
+    phrases. It drives the mouth and the encoders as speech does; its words mean nothing."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate)
+    control = rate // 100  # formants, pitch and loudness change every 10 ms
+    steps = n // control + 1
+    loudness = np.zeros(steps)
+    formants = np.tile(VOWELS[0], (steps, 1))
+    pitch = np.full(steps, 120.0)
+    burst = np.zeros(steps)
+    at = int(rng.uniform(20, 40))
+    while at < steps:
+        syllables = int(rng.integers(3, 8))
+        start_pitch = rng.uniform(110, 150)
+        for k in range(syllables):
+            length = int(rng.uniform(16, 30))
+            end = min(at + length, steps)
+            span = np.arange(end - at)
+            loudness[at:end] = np.sin(np.pi * (span + 0.5) / length) ** 0.6
+            formants[at:end] = VOWELS[rng.integers(len(VOWELS))]
+            pitch[at:end] = start_pitch * (1 - 0.2 * k / syllables) * (1 + 0.05 * np.sin(span / 4))
+            burst[at:min(at + 3, steps)] = 0.3
+            at = end + int(rng.uniform(1, 5))
+        at += int(rng.uniform(30, 60))  # a pause between phrases
+    t = np.arange(n) / control
+    per_sample = [np.interp(t, np.arange(steps), column) for column in
+                  (loudness, pitch, burst, *formants.T)]
+    loud, f0, noise_level, *peaks = per_sample
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    voice = np.zeros(n)
+    for harmonic in range(1, 40):
+        frequency = harmonic * f0
+        envelope = sum(np.exp(-0.5 * ((frequency - peak) / (60 + 0.05 * peak)) ** 2) * gain
+                       for peak, gain in zip(peaks, (1.0, 0.5, 0.25), strict=True))
+        voice += np.where(frequency < rate / 2, envelope / harmonic ** 0.5, 0.0) * \
+            np.sin(harmonic * phase)
+    voice = voice * loud + noise_level * rng.standard_normal(n) * 0.3
+    return (np.clip(voice / np.abs(voice).max() * 0.5, -1, 1) * 32767).astype(np.int16)
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    url: str
+    sessions: int
+    seconds: float
+    ice_hosts: list[str]
+
+    def command(self) -> list[str]:
+        args = [sys.executable, "-m", "server.calibration", self.url,
+                "--sessions", str(self.sessions), "--seconds", str(self.seconds)]
+        for host in self.ice_hosts:
+            args += ["--ice-host", host]
+        return args
+
+
+async def run_peers(plan: PeerPlan, headers: dict[str, str]) -> list[float]:
+    """``plan.sessions`` counting peers at once, each streaming the synthetic voice for
+    ``plan.seconds``; the video fps each received (0 for one that failed)."""
+    from server.client import EncodedSpeech, run_session
+
+    packets = EncodedSpeech.encode_pcm(synthetic_speech())
+
+    async def one(k: int) -> float:
+        try:
+            received = await run_session(plan.url, "", seconds=plan.seconds, keep=False,
+                                         count_only=True, headers=headers,
+                                         audio=EncodedSpeech(packets[k * 25:] + packets[:k * 25]))
+        except Exception as exc:  # noqa: BLE001 - reported, and the front door goes on
+            print(f"calibration peer {k}: {exc}", file=sys.stderr)
+            return 0.0
+        return received.video_fps()
+
+    return list(await asyncio.gather(*(one(k) for k in range(plan.sessions))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the front door's start-up calibration "
+                                     "peers (it starts them itself)")
+    parser.add_argument("url")
+    parser.add_argument("--sessions", type=int, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--ice-host", action="append", default=[])
+    args = parser.parse_args()
+    from server.peer import pin_host_addresses
+
+    pin_host_addresses(args.ice_host)
+    headers = json.loads(os.environ.get(HEADERS_ENV, "{}"))
+    plan = PeerPlan(args.url, args.sessions, args.seconds, args.ice_host)
+    print(json.dumps({"video_fps": asyncio.run(run_peers(plan, headers))}))
+
+
+if __name__ == "__main__":
+    main()
