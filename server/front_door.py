@@ -374,7 +374,9 @@ class FrontDoor:
             headers["Authorization"] = f"Bearer {http.api_keys[0]}"
         if http.allowed_hosts:
             headers["Host"] = http.allowed_hosts[0]
-        return PeerPlan(f"http://{host}:{http.port}", sessions, 2 * SETTLED_S + MEASURE_S,
+        # Long enough for the last answered to settle and be measured with the first.
+        seconds = 3 * SETTLED_S + MEASURE_S
+        return PeerPlan(f"http://{host}:{http.port}", sessions, seconds,
                         list(self.settings.ice.host_addresses)), headers
 
     async def _measure_session_cost(self) -> dict[str, Any]:
@@ -386,8 +388,7 @@ class FrontDoor:
         plan, headers = self._peer_plan(sessions)
         peers = await asyncio.create_subprocess_exec(
             *plan.command(), env={**os.environ, HEADERS_ENV: json.dumps(headers)},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             cost = sessions * session_cost(size)
             while True:
@@ -395,8 +396,9 @@ class FrontDoor:
                 if sum(load.settled_cost for load in loads) >= cost - 1e-9:
                     break
                 if peers.returncode is not None:
+                    _, err = await peers.communicate()
                     raise CalibrationFailed(f"its peers ended before their {sessions} "
-                                            "sessions had settled")
+                                            f"sessions had settled: {err.decode()[-500:]}")
                 await asyncio.sleep(0.25)
             busy = await cores_used(self.pids, MEASURE_S)
             if sum(load.settled_cost for load in await self.loads()) < cost - 1e-9:
