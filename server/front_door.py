@@ -353,16 +353,16 @@ class FrontDoor:
 
     def _calibration_sessions(self, loads: list[WorkerLoad]) -> int:
         """As set, or a quarter of what the prior and the engine would admit: enough for
-        a reading well above the idle server's noise, few enough for any host to carry."""
+        a reading well above the idle server's noise, few enough for any host to carry;
+        never more than ``session.max_sessions``."""
         s = self.settings.session
-        if s.calibration_sessions > 0:
-            return s.calibration_sessions
         size, fps = self.settings.video.size, self.settings.video.fps
         engine = sum({load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}.values())
         admits = min(self.cores * s.max_host_load / (s.cores_per_session * session_cost(size)),
                      engine * s.max_engine_load / fps, s.max_sessions)
         low, high = CALIBRATION_SESSIONS
-        return int(min(high, max(low, admits // 4)))
+        wanted = s.calibration_sessions or min(high, max(low, admits // 4))
+        return int(min(wanted, s.max_sessions))
 
     def _peer_plan(self, sessions: int) -> tuple[PeerPlan, dict[str, str]]:
         """Where the calibration's peers reach this server, and what they must send."""

@@ -14,10 +14,13 @@ from server.client import run_session
 
 @pytest.fixture(scope="module")
 def keyed():  # type: ignore[no-untyped-def]
-    """A server whose keys come from the environment, as an operator would pass them."""
+    """A server whose keys come from the environment, as an operator would pass them, that
+    answers a public name first (as behind a proxy) and calibrates itself at start-up."""
     os.environ["SONIC_API_KEYS"] = "key-one,key-two"
     try:
-        with ServerProcess("--set", "session.peer_timeout_s=3") as server:
+        with ServerProcess("--set", "session.peer_timeout_s=3",
+                           "--set", "http.allowed_hosts=avatar.example.com,127.0.0.1",
+                           "--set", "session.calibration_sessions=1") as server:
             yield server
     finally:
         del os.environ["SONIC_API_KEYS"]
@@ -49,6 +52,18 @@ async def test_without_a_key_control_routes_are_401(keyed):
         async with http.get(f"{keyed.url}/config") as response:
             assert (await response.json())["settings"]["http"]["api_keys"] != \
                 ["key-one", "key-two"]  # withheld
+
+
+async def test_the_start_up_calibration_passes_the_servers_own_key_and_host_checks(keyed):
+    """Its peers are clients like any other: they need a key and a Host the server
+    answers to, and still measured what a session costs."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{keyed.url}/healthz") as response:
+            health = await response.json()
+    assert health["status"] == "ok" and health["sessions"] == 0, health
+    calibration = health["calibration"]
+    assert calibration["sessions"] == 1 and calibration["fps_min"] >= 24, calibration
+    assert health["cores_per_session"] == calibration["cores_per_session"] > 0.09, health
 
 
 async def test_each_key_sees_and_drives_only_its_own_sessions(keyed):
