@@ -35,7 +35,6 @@ from server.access import Access
 from server.app import STATIC_DIR, check_model, inference_config
 from server.calibration import HEADERS_ENV, TOKEN_HEADER, PeerPlan
 from server.config import Settings
-from server.errors import ApiError
 from server.load import CoresBusy, CostModel, cores_used
 from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
 from server.placement import (
@@ -44,6 +43,7 @@ from server.placement import (
     Refused,
     WorkerLoad,
     engine_loads,
+    gpu_capacity_fps,
     place,
     session_cost,
 )
@@ -351,15 +351,21 @@ class FrontDoor:
         finally:
             self.calibrating = False
 
+    def session_capacity(self, loads: list[WorkerLoad]) -> int:
+        """Sessions at the default frame side that the engines' measured capacity admits
+        (``session.max_engine_load``), at most ``session.max_sessions``."""
+        s, video = self.settings.session, self.settings.video
+        return min(s.max_sessions, int(sum(c * s.max_engine_load // video.fps for c in
+                                           gpu_capacity_fps(loads, video.size).values())))
+
     def _calibration_sessions(self, loads: list[WorkerLoad]) -> int:
         """As set, or a quarter of what the prior and the engine would admit: enough for
         a reading well above the idle server's noise, few enough for any host to carry;
         never more than ``session.max_sessions``."""
         s = self.settings.session
-        size, fps = self.settings.video.size, self.settings.video.fps
-        engine = sum({load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}.values())
-        admits = min(self.cores * s.max_host_load / (s.cores_per_session * session_cost(size)),
-                     engine * s.max_engine_load / fps, s.max_sessions)
+        prior = self.cores * s.max_host_load / (s.cores_per_session
+                                                * session_cost(self.settings.video.size))
+        admits = min(prior, self.session_capacity(loads))
         low, high = CALIBRATION_SESSIONS
         wanted = s.calibration_sessions or min(high, max(low, admits // 4))
         return int(min(wanted, s.max_sessions))
@@ -517,7 +523,6 @@ async def healthz(request: web.Request) -> web.Response:
     settings = door.settings
     size = settings.video.size
     fps = settings.video.fps
-    capacity = {load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}
     workers = {load.index: load for load in loads}
     gpu_loads = engine_loads(loads, fps)
     status = "calibrating" if door.calibrating else "ok" if loads else "starting"
@@ -528,11 +533,9 @@ async def healthz(request: web.Request) -> web.Response:
         "model": door.manifest.name,
         "runtime": door.runtime,
         "runtime_verified": door.runtime in VERIFIED,
-        "capacity_fps": round(sum(capacity.values()), 1),
-        "motion_capacity_fps": round(sum(
-            {load.gpu: load.capacity_fps.get(NO_PICTURE, 0.0) for load in loads}.values()), 1),
-        "session_capacity": min(settings.session.max_sessions, int(sum(
-            c * settings.session.max_engine_load // fps for c in capacity.values()))),
+        "capacity_fps": round(sum(gpu_capacity_fps(loads, size).values()), 1),
+        "motion_capacity_fps": round(sum(gpu_capacity_fps(loads, NO_PICTURE).values()), 1),
+        "session_capacity": door.session_capacity(loads),
         # The busiest GPU's share of its engine's capacity (one GPU: as a single server).
         "engine_load": round(max(gpu_loads.values(), default=0.0), 3),
         "engine_load_by_gpu": {str(g): round(v, 3) for g, v in gpu_loads.items()},
@@ -707,9 +710,8 @@ async def _place(request: web.Request, body: dict[str, Any]) -> web.Response:
     door = _door(request)
     request.app[access_key].caller(request)  # no place is held for a caller without a key
     if door.calibrating and not door.is_calibration_peer(request):
-        raise ApiError(503, "calibrating", "the server is measuring what a session costs on "
-                       "this host before it takes sessions; retry in a few seconds",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
+        at_capacity("the server is measuring what a session costs on this host before it "
+                    "takes sessions; retry in a few seconds", error="calibrating")
     options = body.get("options")
     options = options if isinstance(options, dict) else {}  # the worker names the problem
     size = options.get("size", body.get("size", door.settings.video.size))

@@ -50,16 +50,12 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def cpu_seconds(pids: Iterable[int]) -> float:
-    """CPU seconds these processes have used, together."""
-    return sum(process_cpu_seconds(pid) for pid in pids)
-
-
 async def cores_used(pids: Callable[[], Iterable[int]], seconds: float) -> float:
-    """Cores the processes ``pids()`` keep busy over the next ``seconds``."""
-    before, wall = cpu_seconds(pids()), time.monotonic()
+    """Cores the processes ``pids()`` keep busy, together, over the next ``seconds``."""
+    before, wall = sum(map(process_cpu_seconds, pids())), time.monotonic()
     await asyncio.sleep(seconds)
-    return max(cpu_seconds(pids()) - before, 0.0) / (time.monotonic() - wall)
+    return max(sum(map(process_cpu_seconds, pids())) - before, 0.0) / \
+        (time.monotonic() - wall)
 
 
 class CoresBusy:

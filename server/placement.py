@@ -137,6 +137,12 @@ def engine_loads(loads: Sequence[WorkerLoad], fps: int) -> dict[int, float]:
     return out
 
 
+def gpu_capacity_fps(loads: Sequence[WorkerLoad], size: int) -> dict[int, float]:
+    """Each GPU's measured engine capacity at this frame side (NO_PICTURE: motion-only),
+    once per GPU however many workers feed it."""
+    return {load.gpu: load.capacity_fps.get(size, 0.0) for load in loads}
+
+
 def place(loads: Sequence[WorkerLoad], size: int, limits: Limits, *,
           motion_only: bool = False, host: HostLoad | None = None) -> int:
     """The worker with the least media cost among those whose worker and GPU have room

@@ -47,8 +47,9 @@ DEGRADED_BELOW = 0.96
 RETRY_AFTER_S = 5
 
 
-def at_capacity(message: str) -> NoReturn:
-    raise ApiError(503, "at_capacity", message, headers={"Retry-After": str(RETRY_AFTER_S)})
+def at_capacity(message: str, error: str = "at_capacity") -> NoReturn:
+    """503 with ``Retry-After``: the server cannot take this now, and may later."""
+    raise ApiError(503, error, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
