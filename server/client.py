@@ -35,6 +35,8 @@ from server.encoding import SpeechOpusEncoder, join_opus
 from server.peer import pin_host_addresses
 
 RATES = {"audio": 48000, "video": 90000}
+#: The longest a client waits for a server that has just started to take sessions.
+START_WAIT_S = 60.0
 #: Sender reports count seconds from 1900; ``time.time()`` from 1970.
 NTP_EPOCH = 2208988800
 
@@ -383,10 +385,9 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
         body["options"] = options
     try:
         async with aiohttp.ClientSession(headers=headers) as http:
-            async with http.post(f"{base_url}/offer", json=body) as response:
-                answer = await response.json()
-                if response.status != 200:
-                    raise RuntimeError(f"offer refused: {response.status} {answer}")
+            status, answer = await post_once_ready(http, f"{base_url}/offer", body)
+            if status != 200:
+                raise RuntimeError(f"offer refused: {status} {answer}")
             received = Received(answer["session_id"], answer=answer, coefficients=messages,
                                 coefficient_arrivals=arrivals)
             for transceiver in pc.getTransceivers():
@@ -405,6 +406,22 @@ async def run_session(base_url: str, wav: str, *, seconds: float, avatar: str | 
     finally:
         await pc.close()
     return received
+
+
+async def post_once_ready(http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                          ) -> tuple[int, Any]:
+    """POST ``body``; while the server answers 503 ``calibrating`` (for its first seconds it
+    measures what a session costs), ask again as its ``Retry-After`` says, up to
+    ``START_WAIT_S``. Any other answer is returned as it came."""
+    give_up_at = time.monotonic() + START_WAIT_S
+    while True:
+        async with http.post(url, json=body) as response:
+            answer = await response.json()
+            if response.status != 503 or answer.get("error") != "calibrating" \
+                    or time.monotonic() > give_up_at:
+                return response.status, answer
+            delay = float(response.headers.get("Retry-After", 5))
+        await asyncio.sleep(delay)
 
 
 def without_bandwidth_estimates(sdp: str) -> str:
@@ -429,7 +446,11 @@ class SessionClient:
 
     async def __aenter__(self) -> SessionClient:
         self._http = aiohttp.ClientSession(headers=self._headers)
-        answer = await self._call("POST", "/sessions", 201, json=self._create)
+        status, answer = await post_once_ready(self._http, self.base_url + "/sessions",
+                                               self._create)
+        if status != 201:
+            await self._http.close()
+            raise RuntimeError(f"POST /sessions: {status} {answer}")
         self.session_id, self.token = answer["session_id"], answer["token"]
         return self
 

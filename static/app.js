@@ -42,6 +42,7 @@ async function api(method, url, body, timeoutMs = 20000) {
     const error = new Error(message);
     error.code = data?.error;
     error.status = response.status;
+    error.retryAfter = Number(response.headers.get('Retry-After')) || null;
     throw error;
   }
   return data;
@@ -216,7 +217,7 @@ async function start() {
     await iceGatheringComplete(peer);
 
     setState('starting', 'Connecting…');
-    const answer = await api('POST', 'offer', {
+    const answer = await offerOnceReady(peer, {
       sdp: peer.localDescription.sdp,
       type: peer.localDescription.type,
       ...(watching ?? { avatar: avatarId, options: { ...knobs(), size: Number(ui.size.value) } }),
@@ -236,6 +237,27 @@ async function start() {
     if (pc !== peer) return; // stopped meanwhile: closing the peer aborts the steps above
     showError(`Could not ${watching ? 'watch' : 'start'}: ${error.message}`);
     await stop({ keepError: true });
+  }
+}
+
+// A server just started measures what a session costs before it takes any: its offers
+// answer 503 "calibrating" for a few seconds. Ask again when its Retry-After says, for as
+// long as this peer is the page's and at most START_WAIT_MS; any other refusal is shown.
+const START_WAIT_MS = 60000;
+
+async function offerOnceReady(peer, body) {
+  const giveUpAt = performance.now() + START_WAIT_MS;
+  while (true) {
+    try {
+      return await api('POST', 'offer', body);
+    } catch (error) {
+      if (error.code !== 'calibrating' || pc !== peer || performance.now() > giveUpAt) throw error;
+      const seconds = error.retryAfter ?? 5;
+      setState('starting', `The server is starting: trying again in ${seconds} s…`);
+      await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+      if (pc !== peer) throw error;
+      setState('starting', 'Connecting…');
+    }
   }
 }
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import re
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -297,3 +298,50 @@ async def test_the_page_watches_a_session_an_application_drives(server, speech_w
             await page.wait_for_function("window.sonic.state === 'stopped'")
         async with http.get(f"{server.url}/sessions/{session_id}") as response:
             assert response.status == 200  # the viewer left; the session did not end
+
+
+async def test_a_page_and_an_application_that_start_while_the_server_calibrates_get_sessions(
+        speech_wav, tmp_path):
+    """A fresh server answers new sessions 503 ``calibrating`` for its first seconds: the
+    page says so and offers again when ``Retry-After`` says, instead of failing the Start,
+    and so does an application's ``SessionClient``."""
+    from conftest import ServerProcess
+
+    from server.client import SessionClient
+
+    server = ServerProcess("--set", "session.calibration_sessions=2")
+    try:
+        async with chromium_page(tmp_path, speech_wav) as page, \
+                contextlib.AsyncExitStack() as stack:
+            async def calibrating() -> bool:
+                try:
+                    await get_json(f"{server.url}/healthz")
+                except urllib.error.HTTPError as refusal:
+                    return json.loads(refusal.read())["status"] == "calibrating"
+                except OSError:
+                    return False
+                pytest.fail("the server was ready before the page could press Start")
+
+            await poll(calibrating, 120.0, "the server to start calibrating")
+            offers: list[int] = []
+            page.on("response", lambda r: offers.append(r.status) if r.url.endswith(
+                "/offer") else None)
+            await page.goto(f"{server.url}/", wait_until="load")
+            await page.click("#start")
+            application = asyncio.create_task(
+                stack.enter_async_context(SessionClient(server.url)))
+            await playwright_api.expect(page.locator("#status")).to_contain_text(
+                "The server is starting: trying again in 5 s")
+            assert not application.done()
+            await page.wait_for_function("window.sonic.state === 'connected'",
+                                         timeout=60_000)
+            await page.evaluate(COUNT_VIDEO_FRAMES)
+            await page.wait_for_function("window.presented > 25", timeout=10_000)
+            assert offers[0] == 503 and offers[-1] == 200, offers
+            assert await page.locator("#error").is_hidden()
+            avatar = await asyncio.wait_for(application, 30.0)
+            listed = await get_json(f"{server.url}/sessions")
+            assert sorted(s["session_id"] for s in listed["sessions"]) == sorted(
+                [await page.evaluate("window.sonic.sessionId"), avatar.session_id])
+    finally:
+        server.stop()
