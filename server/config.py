@@ -30,6 +30,9 @@ WITHHELD = "(withheld)"
 #: cost 0.061-0.077 cores on the hosts measured (BENCHMARKS.md), so at ``max_host_load``
 #: 0.75 measured load refuses the next session before this count does there.
 SESSIONS_PER_CORE = 12
+#: Motion-only sessions per core that ``session.max_motion_sessions = -1`` allows: one has
+#: cost 0.044 cores on a GPU host (BENCHMARKS.md), so measured load refuses first there too.
+MOTION_SESSIONS_PER_CORE = 24
 
 
 class ConfigError(ValueError):
@@ -235,8 +238,11 @@ class SessionSettings:
                                 "server may run on, more than measured load has admitted at "
                                 "the defaults on any host, so that measured load decides. It "
                                 "also sizes the frame ring in /dev/shm", low=0)
-    max_motion_sessions: int = setting(256, "most live motion-only sessions (coefficients on "
-                                       "a data channel, no video to encode)", low=0)
+    max_motion_sessions: int = setting(-1, "most live motion-only sessions (coefficients "
+                                       "on a data channel, no video to encode); -1: "
+                                       f"{MOTION_SESSIONS_PER_CORE} per core the server may "
+                                       "run on, so that measured load decides; 0: none",
+                                       low=-1)
     max_worker_load: float = setting(0.8, "admit a session on a media worker only while its "
                                      "event loop, measured each second, would stay busy at "
                                      "most this share of the time with it", low=0.01, high=1.0)
@@ -411,8 +417,11 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.partition(".")
         _apply(settings, section, key, value)
+    cores = len(os.sched_getaffinity(0))
     if settings.session.max_sessions == 0:
-        settings.session.max_sessions = SESSIONS_PER_CORE * len(os.sched_getaffinity(0))
+        settings.session.max_sessions = SESSIONS_PER_CORE * cores
+    if settings.session.max_motion_sessions == -1:
+        settings.session.max_motion_sessions = MOTION_SESSIONS_PER_CORE * cores
     return settings.validate()
 
 

@@ -82,14 +82,20 @@ def test_help_lists_every_setting_with_its_default_in_plain_text(capsys):
     assert "``" not in shown and ":mod:" not in shown
 
 
-def test_the_session_count_left_at_zero_follows_the_cores_the_server_may_run_on():
+def test_the_session_counts_left_at_their_defaults_follow_the_cores_the_server_may_run_on():
     cores = len(os.sched_getaffinity(0))
     shipped = load_settings(REPO_ROOT / "configs" / "default.toml")
     assert shipped.session.max_sessions == load_settings().session.max_sessions == 12 * cores
-    assert shipped.effective()["session"]["max_sessions"] == 12 * cores  # logged resolved
+    assert shipped.session.max_motion_sessions == \
+        load_settings().session.max_motion_sessions == 24 * cores
+    logged = shipped.effective()["session"]  # logged resolved
+    assert (logged["max_sessions"], logged["max_motion_sessions"]) == (12 * cores, 24 * cores)
     assert load_settings(None, {"session.max_sessions": 5}).session.max_sessions == 5
+    assert load_settings(None, {"session.max_motion_sessions": 0}
+                         ).session.max_motion_sessions == 0  # none
     pinned = subprocess.run(
         [sys.executable, "-c", "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-         "from server.config import load_settings; print(load_settings().session.max_sessions)"],
+         "from server.config import load_settings; s = load_settings().session;"
+         "print(s.max_sessions, s.max_motion_sessions)"],
         capture_output=True, text=True, check=True, cwd=REPO_ROOT)
-    assert pinned.stdout.strip() == "12"  # one core
+    assert pinned.stdout.split() == ["12", "24"]  # one core
