@@ -51,11 +51,17 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 async def cores_used(pids: Callable[[], Iterable[int]], seconds: float) -> float:
-    """Cores the processes ``pids()`` keep busy, together, over the next ``seconds``."""
-    before, wall = sum(map(process_cpu_seconds, pids())), time.monotonic()
+    """Cores the processes ``pids()`` keep busy, together, over the next ``seconds``. A
+    process started meanwhile is not counted: its start-up (loading, warming up) is not
+    load that sessions put there."""
+    def used() -> dict[int, float]:
+        return {pid: process_cpu_seconds(pid) for pid in pids()}
+
+    before, wall = used(), time.monotonic()
     await asyncio.sleep(seconds)
-    return max(sum(map(process_cpu_seconds, pids())) - before, 0.0) / \
-        (time.monotonic() - wall)
+    after = used()
+    spent = sum(after[p] - before[p] for p in after if p in before)
+    return max(spent, 0.0) / (time.monotonic() - wall)
 
 
 class CoresBusy:
@@ -70,18 +76,9 @@ class CoresBusy:
         self.value = 0.0
 
     async def run(self) -> None:
-        def used() -> dict[int, float]:
-            return {pid: process_cpu_seconds(pid) for pid in self.pids()}
-
-        before, wall = used(), time.monotonic()
         while True:
-            await asyncio.sleep(self.interval)
-            after, now = used(), time.monotonic()
-            # A process started meanwhile counts from the next interval: its start-up
-            # (loading, warming up) is not load that sessions put there.
-            spent = sum(after[p] - before[p] for p in after if p in before)
-            self.value += self.smoothing * (max(spent, 0.0) / (now - wall) - self.value)
-            before, wall = after, now
+            used = await cores_used(self.pids, self.interval)
+            self.value += self.smoothing * (used - self.value)
 
 
 class CostModel:
