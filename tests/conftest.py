@@ -1,4 +1,5 @@
-"""Shared fixtures: real speech from espeak-ng and a real server process on loopback."""
+"""Shared fixtures: real speech from espeak-ng and a real server process on loopback; and
+the test layers (``pyproject.toml`` markers), one to a test."""
 
 from __future__ import annotations
 
@@ -22,6 +23,34 @@ from server.peer import pin_host_addresses
 
 # The test peers offer loopback host candidates only, like the server started below.
 pin_host_addresses(["127.0.0.1"])
+
+#: The layers a test may be in; ``python -m pytest -m unit`` runs the fast one alone.
+LAYERS = ("unit", "e2e", "browser", "soak", "gpu")
+_running_layer: str | None = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test is in exactly one layer, or the run stops naming those that are not."""
+    wrong = []
+    for item in items:
+        layers = {mark.name for mark in item.iter_markers() if mark.name in LAYERS}
+        if len(layers) != 1:
+            wrong.append(f"{item.nodeid}: {sorted(layers) or 'no layer'}")
+    if wrong:
+        raise pytest.UsageError("each test needs exactly one of the markers "
+                                f"{', '.join(LAYERS)}:\n  " + "\n  ".join(wrong))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Which layer the running test is in (before its fixtures), so a unit test cannot
+    start a server, not even through a shared fixture."""
+    global _running_layer
+    _running_layer = next(m.name for m in item.iter_markers() if m.name in LAYERS)
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    global _running_layer
+    _running_layer = None
 
 @pytest.fixture(scope="session")
 def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -77,6 +106,8 @@ class ServerProcess:
 
     def __init__(self, *extra: str, ice_host: str = "127.0.0.1", port: int | None = None
                  ) -> None:
+        if _running_layer == "unit":
+            raise RuntimeError("a unit test starts no server: mark it e2e")
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(REPO_ROOT / "out" / f"server-{self.port}.log", "w") \

@@ -11,6 +11,8 @@ from conftest import ServerProcess
 
 from server.client import run_session
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def keyed():  # type: ignore[no-untyped-def]

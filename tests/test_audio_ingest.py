@@ -12,6 +12,7 @@ def _ingest() -> AudioIngest:
     return AudioIngest(chunk_samples=960, jitter_ms=40, max_buffer_ms=200)
 
 
+@pytest.mark.unit
 def test_buffer_waits_for_a_chunk_plus_the_jitter_target_then_streams_in_order():
     ingest = _ingest()
     for i in range(2):
@@ -25,6 +26,7 @@ def test_buffer_waits_for_a_chunk_plus_the_jitter_target_then_streams_in_order()
     assert arrival == 1.02 and chunk[0] == 960
 
 
+@pytest.mark.unit
 def test_underrun_gives_silence_and_refills():
     ingest = _ingest()
     ingest.push(np.ones(2880, np.int16), 0.0)
@@ -34,6 +36,7 @@ def test_underrun_gives_silence_and_refills():
     assert ingest.stats.underruns == 1
 
 
+@pytest.mark.unit
 def test_overflow_drops_oldest_down_to_target():
     ingest = _ingest()
     for i in range(11):  # 220 ms > 200 ms limit
@@ -44,6 +47,7 @@ def test_overflow_drops_oldest_down_to_target():
     assert ingest.stats.dropped_samples == 11 * 960 - 2880
 
 
+@pytest.mark.unit
 def test_stereo_s16_takes_one_channel_without_gain():
     stereo = np.zeros((1, 1920), np.int16)
     stereo[0, 0::2] = 1000
@@ -54,6 +58,7 @@ def test_stereo_s16_takes_one_channel_without_gain():
     assert mono.shape == (960,) and (mono == 1000).all()
 
 
+@pytest.mark.unit
 def test_other_rates_are_resampled_to_48k():
     t = np.arange(1600) / 16000
     pcm = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16).reshape(1, -1)
@@ -66,6 +71,7 @@ def test_other_rates_are_resampled_to_48k():
     assert abs(total - 5 * 4800) <= 64
 
 
+@pytest.mark.unit
 def test_the_resampler_matches_pyav_and_holds_no_threads():
     def threads() -> int:
         return len(os.listdir("/proc/self/task"))
@@ -89,6 +95,7 @@ def test_the_resampler_matches_pyav_and_holds_no_threads():
     assert np.array_equal(ours, theirs) and ours.size > 3000
 
 
+@pytest.mark.unit
 def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():
     clock = MediaClock(origin=100.0, fps=25, delay=0.14)
     for i in (0, 1, 250, 90000):
@@ -100,6 +107,7 @@ def test_clock_puts_audio_and_video_of_one_media_time_at_one_send_time():
     assert clock.chunk_index_at(clock.audio_send_time(9) + 0.001) == 10
 
 
+@pytest.mark.unit
 def test_chunks_sent_as_one_packet_leave_at_the_first_ones_time():
     clock = MediaClock(origin=100.0, fps=25, delay=0.14, packet_chunks=2)
     assert clock.audio_send_time(4) == clock.audio_send_time(5) == clock.video_send_time(2)
@@ -147,6 +155,7 @@ def _assert_is_the_speech_sent(frames: list[av.AudioFrame], packets: list[bytes]
     assert np.corrcoef(got[:segment.size], segment)[0, 1] > 0.99
 
 
+@pytest.mark.e2e
 async def test_audio_decoded_on_the_loop_is_the_speech_sent_and_needs_no_thread(speech_wav):
     import threading
 
@@ -168,6 +177,7 @@ async def test_audio_decoded_on_the_loop_is_the_speech_sent_and_needs_no_thread(
     _assert_is_the_speech_sent(frames, packets)
 
 
+@pytest.mark.e2e
 async def test_speech_in_40_ms_packets_is_decoded_whole_as_each_packet_arrives(speech_wav):
     """aiortc's own audio buffer would let the first packet go only once four more had
     come (160 ms of 40 ms packets); decoded on the loop, it is heard on arrival."""
@@ -192,6 +202,7 @@ async def test_speech_in_40_ms_packets_is_decoded_whole_as_each_packet_arrives(s
     _assert_is_the_speech_sent(frames, packets)
 
 
+@pytest.mark.unit
 def test_inbound_packets_pass_as_they_arrive_and_late_ones_are_dropped() -> None:
     from aiortc.rtp import RtpPacket
 
@@ -211,6 +222,7 @@ def test_inbound_packets_pass_as_they_arrive_and_late_ones_are_dropped() -> None
     assert passed == [65534, 65535, 0, 2, 3, 40000, 40001]
 
 
+@pytest.mark.unit
 def test_the_resampler_says_what_more_input_will_bring_out_and_batching_changes_nothing():
     """Once running, ``output_after`` is exact (the filter's hold-back is constant), and a
     stream resampled 40 ms at a time comes out the same as 20 ms at a time."""

@@ -9,6 +9,8 @@ import pytest
 from inference.engine import KNOBS
 from server.config import REPO_ROOT, ConfigError, Settings, load_settings, parse_args
 
+pytestmark = pytest.mark.unit
+
 
 def test_shipped_config_loads_with_no_public_stun():
     settings = load_settings(REPO_ROOT / "configs" / "default.toml")

@@ -28,6 +28,8 @@ from server.encoding import (
     use_realtime_vp8,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def _frames(count: int) -> list[np.ndarray]:
     image = prepare_portrait(load_default_avatar(), size=256).image

@@ -21,6 +21,8 @@ from inference.runtimes import create_engine
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 from inference.tts import SpeechUnavailable, espeak
 
+pytestmark = pytest.mark.unit
+
 WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,6 +13,8 @@ from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
 from inference.tflite import TfliteModel
 
+pytestmark = pytest.mark.unit
+
 G = {name: i for i, name in enumerate(GEOMETRY_NAMES)}
 
 

@@ -21,6 +21,8 @@ from inference.features import (
 from inference.model.timing import TIMING
 from inference.tts import SpeechUnavailable, espeak
 
+pytestmark = pytest.mark.unit
+
 SPEC = FeatureSpec()
 
 

@@ -23,6 +23,8 @@ from test_webrtc_session import _get, _mouth_box, assert_mouth_follows_speech
 
 from server.client import Received, run_session
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def door():  # type: ignore[no-untyped-def]
@@ -117,12 +119,15 @@ def test_the_cost_of_a_session_is_learnt_once_a_burst_has_settled(door, speech_w
 def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions():
     """Before it reports ready the front door runs sessions against itself and takes
     what they cost its cores; meanwhile ``/healthz`` and a client's offer get 503 with
-    ``Retry-After``. Here, two cores carrying the CPU engine, a 256x256 session costs far
-    more than the prior (0.09, from GPU hosts), and the first burst of offers is charged
-    what was measured: admitted up to ``max_host_load`` of the cores, not the engine's
-    limit (8 sessions at the tests' ``max_engine_load``) nor the prior's (16)."""
+    ``Retry-After``. The first burst of offers is then charged what was measured, not the
+    prior: admitted up to the first limit it reaches (the cores' ``max_host_load`` at the
+    measured cost, or the engine's measured capacity), and the refusals name that limit.
+    What holds on any machine is asserted, not this machine's counts: how many sessions
+    the calibration runs follows the engine's measured speed."""
     from conftest import ServerProcess, call_json
     from test_http_api import _offer_sdp
+
+    from server.front_door import CALIBRATION_SESSIONS
 
     server = ServerProcess("--set", "workers.count=2", "--set", "session.calibration_sessions=0")
     try:
@@ -145,11 +150,15 @@ def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions()
         assert status == 503 and refusal["error"] == "calibrating", refusal
         server.wait_ready()
         health = _get(f"{server.url}/healthz")
+        settings = _get(f"{server.url}/config")["settings"]["session"]
         calibration = health["calibration"]
-        assert calibration["sessions"] == 2 and calibration["fps_min"] >= 24, calibration
+        low, high = CALIBRATION_SESSIONS
+        assert low <= calibration["sessions"] <= high, calibration
+        assert calibration["fps_min"] >= 20, calibration  # its sessions really streamed
+        assert calibration["busy_cores"] > calibration["idle_cores"], calibration
         assert health["sessions"] == 0 and health["status"] == "ok"
-        unit = health["cores_per_session"]
-        assert unit == calibration["cores_per_session"] > 0.09 + 0.05, health
+        unit = health["cores_per_session"]  # what admission charges: the measured figure
+        assert unit == calibration["cores_per_session"] != settings["cores_per_session"]
 
         async def burst() -> list[tuple[int, dict]]:
             sdp = await _offer_sdp()
@@ -159,11 +168,14 @@ def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions()
 
         answers = asyncio.run(burst())
         admitted = sum(status == 200 for status, _ in answers)
-        share = _get(f"{server.url}/config")["settings"]["session"]["max_host_load"]
-        expected = (share * health["cores"] - calibration["idle_cores"]) / unit
-        assert abs(admitted - expected) <= 1, (admitted, expected, health)
+        by_cores = (settings["max_host_load"] * health["cores"] - calibration["idle_cores"]) \
+            / unit
+        by_engine = health["session_capacity"]
+        assert abs(admitted - min(12, by_cores, by_engine)) <= 1, (admitted, by_cores, health)
+        limit = "session.max_host_load" if by_cores < by_engine else "session.max_engine_load"
         refusals = [body["message"] for status, body in answers if status != 200]
-        assert refusals and all("session.max_host_load" in m for m in refusals), refusals
+        assert all(limit in m for m in refusals), refusals
+        assert refusals or min(by_cores, by_engine) >= 11.5, (by_cores, by_engine)
     finally:
         server.stop()
 

@@ -153,6 +153,7 @@ def torch_engine(**opts):  # type: ignore[no-untyped-def]
 
 
 # ---------------------------------------------------------------------- CPU path
+@pytest.mark.unit
 def test_torch_cpu_matches_onnxruntime() -> None:
     ref = reference(256, 8)
     engine = torch_engine(device="cpu")
@@ -163,6 +164,7 @@ def test_torch_cpu_matches_onnxruntime() -> None:
     np.testing.assert_allclose(out.coefficients, ref.coefficients, atol=5e-4)
 
 
+@pytest.mark.unit
 def test_torch_cpu_padding_and_chunks_change_nothing() -> None:
     engine = torch_engine(device="cpu", batch_sizes=(1, 2, 4), max_chunk=2)
     slot = engine.prepare(portrait(256))
@@ -201,10 +203,12 @@ def _check_isolation(engine) -> None:  # type: ignore[no-untyped-def]
     engine.release(c)
 
 
+@pytest.mark.unit
 def test_torch_cpu_slots_are_isolated() -> None:
     _check_isolation(torch_engine(device="cpu"))
 
 
+@pytest.mark.unit
 def test_torch_cpu_rejects_bad_input() -> None:
     engine = torch_engine(device="cpu")
     slot = engine.prepare(portrait(256))
@@ -221,6 +225,7 @@ def test_torch_cpu_rejects_bad_input() -> None:
         engine.prepare(PreparedPortrait(np.zeros((64, 64, 3), np.uint8), np.zeros(3, np.float32)))
 
 
+@pytest.mark.unit
 def test_bank_grows_and_release_during_a_batch_is_deferred() -> None:
     engine = torch_engine(device="cpu", initial_slots=2)
     slots = [engine.prepare(portrait(256)) for _ in range(2)]
@@ -263,6 +268,7 @@ def assert_i420_of(i420: np.ndarray, rgb: np.ndarray) -> None:
     assert np.abs(i420.astype(np.int16) - want).max() <= 1
 
 
+@pytest.mark.unit
 def test_torch_cpu_converts_frames_to_i420_as_opencv_does() -> None:
     rgb, i420 = torch_engine(device="cpu"), torch_engine(device="cpu", pixels="i420")
     for size in (256, 512):
@@ -271,6 +277,7 @@ def test_torch_cpu_converts_frames_to_i420_as_opencv_does() -> None:
         assert_i420_of(i420.run(batch).frames, rgb.run(batch).frames)
 
 
+@pytest.mark.unit
 def test_an_i420_kernel_that_fails_to_build_gives_way_to_torch_ops(
         caplog: pytest.LogCaptureFixture) -> None:
     """Triton builds its launcher with the host's C compiler at first use; where that
@@ -294,6 +301,7 @@ def test_an_i420_kernel_that_fails_to_build_gives_way_to_torch_ops(
     assert caplog.text.count("the I420 kernel failed") == 1
 
 
+@pytest.mark.unit
 def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
     onnx = OnnxRuntimeEngine(manifest())
     engine = torch_engine(device="cpu")
@@ -303,6 +311,7 @@ def test_torch_cpu_motion_alone_matches_the_onnx_motion_graph() -> None:
         frames([onnx.prepare(portrait(256))], 12)), atol=5e-4)
 
 
+@pytest.mark.unit
 def test_ungrouped_convolutions_keep_the_audio_heads_coefficients() -> None:
     import torch
 
@@ -323,6 +332,7 @@ def test_ungrouped_convolutions_keep_the_audio_heads_coefficients() -> None:
 
 
 # ---------------------------------------------------------------------- CUDA path
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("size", [256, 512])
 @pytest.mark.parametrize("opts", [{"precision": "fp16", "compile": False},
@@ -341,6 +351,7 @@ def test_torch_cuda_fp16_matches_onnxruntime(size: int, opts: dict[str, object])
     np.testing.assert_allclose(out.coefficients, ref.coefficients, atol=1e-2)
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("opts", [{"precision": "fp16", "compile": False},
                                   {"precision": "amp", "compile": False},
@@ -361,6 +372,7 @@ def test_torch_cuda_motion_alone_matches_the_onnx_motion_graph(opts: dict[str, o
         atol=1e-2 if opts["precision"] == "amp" else 2e-3)
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("opts", [{"precision": "fp32", "compile": False},
                                   {"precision": "fp32", "cuda_graphs": False,
@@ -374,6 +386,7 @@ def test_torch_cuda_fp32_matches_onnxruntime(opts: dict[str, object]) -> None:
     np.testing.assert_allclose(out.coefficients, ref.coefficients, atol=5e-4)
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("compile", [False, True])
 def test_torch_cuda_converts_frames_to_i420_on_the_device(compile: bool) -> None:
@@ -385,6 +398,7 @@ def test_torch_cuda_converts_frames_to_i420_on_the_device(compile: bool) -> None
         assert_i420_of(i420.run(batch).frames, rgb.run(batch).frames)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_the_device_i420_kernel_converts_strided_and_packed_frames_as_opencv_does() -> None:
     """The renderer's frames are an NHWC view of NCHW planes; a packed batch must come
@@ -401,6 +415,7 @@ def test_the_device_i420_kernel_converts_strided_and_packed_frames_as_opencv_doe
     assert i420_triton(planar[:0].permute(0, 2, 3, 1)).shape == (0, 768, 512)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_torch_cuda_padding_and_chunks() -> None:
     engine = torch_engine(device="cuda", batch_sizes=(1, 2, 4, 8), max_chunk=4)
@@ -416,6 +431,7 @@ def test_torch_cuda_padding_and_chunks() -> None:
         assert_close(odd.frames[i], alone[i].frames[0], 1, 0.01)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_torch_cuda_slots_isolated_and_bank_growth() -> None:
     engine = torch_engine(device="cuda", batch_sizes=(1, 2, 4), initial_slots=2)
@@ -428,6 +444,7 @@ def test_torch_cuda_slots_isolated_and_bank_growth() -> None:
     assert engine._banks[256].capacity >= 6 and grown
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_torch_cuda_amp_never_returns_non_finite() -> None:
     engine = torch_engine(device="cuda", precision="amp", batch_sizes=(1, 2))
@@ -440,6 +457,7 @@ def test_torch_cuda_amp_never_returns_non_finite() -> None:
 
 
 # ---------------------------------------------------------------------- TensorRT
+@pytest.mark.unit
 def test_tensorrt_module_imports_without_tensorrt() -> None:
     from inference.runtimes import tensorrt as trt_runtime
 
@@ -449,6 +467,7 @@ def test_tensorrt_module_imports_without_tensorrt() -> None:
             trt_runtime.TensorRtEngine(manifest())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt") is None or not _cuda(),
                     reason="TensorRT is not installed here (the builder is not installable)")
 def test_tensorrt_fp16_matches_onnxruntime(tmp_path: Path) -> None:
@@ -464,6 +483,7 @@ def test_tensorrt_fp16_matches_onnxruntime(tmp_path: Path) -> None:
     assert_close(out.frames, reference(256, 12).frames, 32, 1.0, outlier_grey=8)
 
 
+@pytest.mark.unit
 def test_tensorrt_slot_gather_graph_matches_the_shipped_onnx() -> None:
     """The graph TensorRT builds from (portraits gathered from a bank by slot), run on
     onnxruntime here: the same frames as the shipped graph fed each portrait directly."""
@@ -488,6 +508,7 @@ def test_tensorrt_slot_gather_graph_matches_the_shipped_onnx() -> None:
     np.testing.assert_allclose(got[1], want.coefficients, atol=1e-6)
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_torch_cuda_captures_with_the_collector_held_off() -> None:
     """An engine is freed by Python's cyclic collector, whenever that runs; a collection on

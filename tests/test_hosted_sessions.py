@@ -18,6 +18,8 @@ from test_webrtc_session import _mouth_box, _mouth_signal, assert_mouth_follows_
 from inference.tts import SpeechUnavailable, conversation, espeak, wav_bytes
 from server.client import NTP_EPOCH, run_session, without_bandwidth_estimates
 
+pytestmark = pytest.mark.e2e
+
 
 def _wav_stream(pcm: np.ndarray, rate: int) -> bytes:
     """A WAV as streaming TTS writes it: the sizes unknown (0xFFFFFFFF) when it starts."""

@@ -74,6 +74,7 @@ async def _avatar_ids(http: aiohttp.ClientSession, url: str) -> list[str]:
         return [a["avatar_id"] for a in (await response.json())["avatars"]]
 
 
+@pytest.mark.e2e
 async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(server, speech_wav):
     async with aiohttp.ClientSession() as http:
         avatars_before = await _avatar_ids(http, server.url)
@@ -143,6 +144,7 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
         assert health["status"] == "ok" and health["session_capacity"] >= 2
 
 
+@pytest.mark.e2e
 async def test_protocol_hygiene_every_answer_is_json_and_nothing_is_made(server):
     valid = await _offer_sdp()
     url = server.url
@@ -195,6 +197,7 @@ def _created(exposition: str) -> float:
                if line.startswith("sonic_sessions_total"))
 
 
+@pytest.mark.e2e
 async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
     photo = cv2.imread(str(REPO_ROOT / "static" / "avatars" / "astronaut.png"))
     mirrored = np.ascontiguousarray(photo[:, ::-1])
@@ -217,6 +220,7 @@ async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
             assert response.status == 404  # run_session already hung up
 
 
+@pytest.mark.e2e
 async def test_knobs_change_live_and_bad_knobs_are_refused(server, speech_wav):
     task = asyncio.create_task(run_session(server.url, str(speech_wav), seconds=4.0, keep=False))
     async with aiohttp.ClientSession() as http:
@@ -248,6 +252,7 @@ async def _closed_by_peer_timeout(http: aiohttp.ClientSession, url: str) -> floa
     return 0.0
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(60)
 async def test_a_peer_that_vanishes_is_cleaned_up(server, speech_wav):
     client = subprocess.Popen(
@@ -289,6 +294,7 @@ def strict_server() -> Iterator[ServerProcess]:
         yield process
 
 
+@pytest.mark.e2e
 async def test_a_session_the_engine_cannot_carry_is_refused_up_front(strict_server):
     url = strict_server.url
     async with aiohttp.ClientSession() as http:
@@ -313,6 +319,7 @@ async def _raw_answer(url: str, request: bytes) -> tuple[bytes, dict[str, object
     return head, json.loads(body)
 
 
+@pytest.mark.e2e
 async def test_errors_aiohttp_answers_itself_are_in_the_json_shape(strict_server):
     head, body = await _raw_answer(strict_server.url, b"GET /healthz HTTP/1.1\r\nHost: "
                                    b"127.0.0.1\r\nX-Big: " + b"x" * 20_000 + b"\r\n\r\n")
@@ -322,6 +329,7 @@ async def test_errors_aiohttp_answers_itself_are_in_the_json_shape(strict_server
     assert head.split()[1] == b"400" and body["error"] == "bad_request"
 
 
+@pytest.mark.e2e
 async def test_a_connection_that_sends_nothing_or_trickles_its_headers_is_closed(strict_server):
     host, port = strict_server.url.removeprefix("http://").split(":")
     for first, trickled in ((b"", b""), (b"GET /healthz HTTP/1.1\r\nX-Slow: ", b"a")):
@@ -347,6 +355,7 @@ async def test_a_connection_that_sends_nothing_or_trickles_its_headers_is_closed
         assert closed_after < 4  # http.idle_timeout_s = 2 in the fixture
 
 
+@pytest.mark.e2e
 async def test_config_shows_the_settings_in_force_and_the_knobs(server):
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{server.url}/config") as response:
@@ -369,6 +378,7 @@ async def test_config_shows_the_settings_in_force_and_the_knobs(server):
     assert "INFO: Created TensorFlow Lite" not in log
 
 
+@pytest.mark.unit
 def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_points():
     from server.config import IceSettings
     from server.peer import allowed_candidates
@@ -396,6 +406,7 @@ def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_point
     assert "internal.corp.example" not in kept  # names other than .local: never
 
 
+@pytest.mark.unit
 async def test_an_avatar_keeps_portraits_at_the_served_sizes_not_the_upload():
     from inference.images import load_default_avatar
     from server.avatars import AvatarStore
@@ -412,6 +423,7 @@ async def test_an_avatar_keeps_portraits_at_the_served_sizes_not_the_upload():
     assert (avatar.width, avatar.height) == (3000, 3000)
 
 
+@pytest.mark.e2e
 async def test_a_client_trickling_its_body_is_answered_408_and_let_go(server):
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))

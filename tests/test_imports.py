@@ -5,7 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from server.config import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 PACKAGES = ("server", "inference", "benchmarks")
 

@@ -25,6 +25,8 @@ from inference.pixels import rgb_to_i420
 from inference.portrait import prepare_portrait
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 
+pytestmark = pytest.mark.e2e
+
 WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 MANIFEST = Path(__file__).resolve().parent.parent / "engines" / "sonic-lite.json"

@@ -151,6 +151,7 @@ def room_server(janus: JanusProcess, address: str) -> Iterator[ServerProcess]:
         yield process
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed")
 async def test_the_avatar_speaks_in_a_janus_room_with_a_participants_voice(
         room_server, janus, speech_wav, tmp_path):
@@ -218,6 +219,7 @@ async def test_the_avatar_speaks_in_a_janus_room_with_a_participants_voice(
     await poll(left, 10, "the avatar to leave the room")
 
 
+@pytest.mark.e2e
 async def test_rooms_that_are_not_there_are_refused_and_leave_nothing(room_server, janus):
     cases = [
         ({"room": 999, "listen_to": "Alice"}, 404, "unknown_room"),
@@ -233,6 +235,7 @@ async def test_rooms_that_are_not_there_are_refused_and_leave_nothing(room_serve
     assert await asyncio.to_thread(janus.participants) == []
 
 
+@pytest.mark.e2e
 async def test_a_janus_that_is_down_is_a_502_and_one_that_dies_ends_its_sessions(
         address, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/janus"
@@ -258,6 +261,7 @@ async def test_a_janus_that_is_down_is_a_502_and_one_that_dies_ends_its_sessions
         mortal.stop()
 
 
+@pytest.mark.e2e
 async def test_a_server_without_janus_says_so(server):
     status, body = await call_json("POST", f"{server.url}/sessions",
                               {"janus": {"room": ROOM, "listen_to": "Alice"}})

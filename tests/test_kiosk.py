@@ -10,6 +10,7 @@ from conftest import ServerProcess, call_json
 from test_browser import CHROMIUM, chromium_page, poll
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed"),
     pytest.mark.timeout(300),
 ]

@@ -13,6 +13,8 @@ from inference.model.blendshapes import SPEECH
 from inference.training import lipsync_eval as le
 from inference.tts import SAMPLE_RATE
 
+pytestmark = pytest.mark.unit
+
 JAW = SPEECH.index("jawOpen")
 
 #: A made-up utterance: pause, "ba", "tee", "moo", "fa", pause (CMU phones).

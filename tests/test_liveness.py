@@ -11,10 +11,13 @@ import time
 import aiohttp
 import av
 import numpy as np
+import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.client import run_session
+
+pytestmark = pytest.mark.e2e
 
 
 class SpeaksThenFallsSilent(MediaStreamTrack):

@@ -7,12 +7,14 @@ import os
 import pytest
 
 
+@pytest.mark.e2e
 def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(speech_wav):
     """Peers in other processes start together with the local one (client processes take
     seconds to start), the window opens only once every session is live on the server, and
     fps and the server's counters are taken over that window. Points run one after another
     on one server (a GPU runtime's start-up takes minutes)."""
     from benchmarks.sessions import run_points
+    from server.config import SessionSettings
 
     row, motion = run_points([(256, 3, False), (256, 2, True)], 12.0, speech_wav, [],
                              client_processes=2, decoded=1)
@@ -22,7 +24,9 @@ def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(s
     assert row["sessions_measured"] == 3
     sessions = row["per_session"]
     assert len(sessions) == 3 and all(s["fps"] >= 20.0 for s in sessions)
-    assert all(s["pipeline_delay_ms"]["p95"] <= s["pipeline_delay_ms"]["p99"] for s in sessions)
+    # The server's own figures for each session: its audio held for the configured delay.
+    configured = SessionSettings().pipeline_delay_ms
+    assert all(s["pipeline_delay_ms"]["p50"] >= configured - 20 for s in sessions), sessions
     assert 4.0 <= row["window_s"] <= 12.0
     # A 12 s run: each session's latest 500 frames began before the window did.
     assert row["pipeline_delay_steady"] is False
@@ -31,11 +35,11 @@ def test_the_load_generator_measures_all_sessions_once_every_offer_is_answered(s
     # The machine's cores, every tick of the window accounted for.
     assert sum(row["host_cores"].values()) == pytest.approx(os.cpu_count(), abs=0.3)
     assert row["cpu_unmeasured"] == [] and row["restarts"] == {}
-    # Two counting peers report how late they sent their speech.
-    assert 0.0 <= row["peer_late_ms_p95_median"] <= row["peer_late_ms_p95_worst"] \
-        <= row["peer_late_ms_p99_worst"]
+    # The two counting peers reported how late they sent their speech.
+    assert None not in (row["peer_late_ms_p95_median"], row["peer_late_ms_p99_worst"]), row
 
 
+@pytest.mark.unit
 def test_a_peer_late_by_a_burst_shows_in_its_quantiles_only_inside_the_window():
     """Packets over the lateness floor are listed with their times; the rest of the window's
     20 ms packets count as on time, and packets outside the window do not count."""
@@ -52,6 +56,7 @@ def test_a_peer_late_by_a_burst_shows_in_its_quantiles_only_inside_the_window():
     assert _late_ms([], 10.0, 30.0, 0.02, 0.99) == [0.0]
 
 
+@pytest.mark.unit
 async def test_the_answer_asks_for_a_packet_length_and_peers_read_it_back():
     """``a=ptime`` goes into the audio section only, and a load generator's peer reads it
     back as a browser does (``asked_ptime``)."""
@@ -76,6 +81,7 @@ async def test_the_answer_asks_for_a_packet_length_and_peers_read_it_back():
     assert asked_ptime(with_ptime(sdp.split("m=video")[0].rstrip() + "\r\n", 60)) == 60
 
 
+@pytest.mark.unit
 def test_a_late_sender_report_does_not_shift_the_times_a_stream_was_sent():
     from server.client import Stream
 

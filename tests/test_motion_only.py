@@ -16,6 +16,8 @@ from conftest import ServerProcess
 
 from server.client import Received, run_session
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def session(server, speech_wav) -> tuple[Received, list[dict[str, Any]]]:

@@ -31,8 +31,8 @@ from test_webrtc_session import _mouth_box, assert_mouth_follows_speech
 from server.client import run_session
 from server.pipecat import MESSAGE_TYPE, EspeakTTSService, SonicAvatar, SonicSession
 
-pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
-                                reason="espeak-ng is not installed (apt-get install espeak-ng)")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                reason="espeak-ng is not installed (apt-get install espeak-ng)")]
 
 
 def _pipeline(avatar: SonicAvatar) -> tuple[PipelineWorker, WorkerRunner, list[Frame]]:

@@ -17,6 +17,8 @@ from server.placement import (
     session_cost,
 )
 
+pytestmark = pytest.mark.unit
+
 LIMITS = Limits(max_sessions=10, worker_sessions=4, max_engine_load=0.9, fps=25)
 CAPACITY = {256: 250.0, 512: 100.0}  # frames/s: a 256 session takes 10%, a 512 one 25%
 

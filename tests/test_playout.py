@@ -12,6 +12,8 @@ from inference.tts import SpeechUnavailable, conversation
 from server.audio_ingest import AudioIngest
 from server.time_scale import best_lag, splice_in, splice_out
 
+pytestmark = pytest.mark.unit
+
 CHUNK = 960  # 20 ms at 48 kHz
 
 

@@ -14,6 +14,8 @@ import pytest
 from inference.tts import SpeechUnavailable, conversation
 from server.client import PacedSpeech, run_session
 
+pytestmark = pytest.mark.e2e
+
 STALL_AT, STALL_S = 4.0, 0.25
 
 

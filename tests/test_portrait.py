@@ -19,6 +19,8 @@ from inference.face_detect import FaceBox, detect_face
 from inference.images import PortraitError, decode_image, load_default_avatar
 from inference.portrait import decode_portrait_source, prepare_portrait
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def astronaut() -> np.ndarray:

@@ -18,6 +18,8 @@ from inference.training import real_speech as rs
 from inference.training.visemes import _TABLE, _TRANSPARENT
 from inference.tts import SAMPLE_RATE, flite
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(os.environ.get("REAL_SPEECH_ROOT", rs.DEFAULT_ROOT))
 
 

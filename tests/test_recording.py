@@ -17,6 +17,8 @@ from conftest import ServerProcess
 from benchmarks.mouth import mouth_box, mouth_openness
 from inference.tts import SpeechUnavailable, conversation, wav_bytes
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def recording_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]

@@ -10,6 +10,8 @@ import pytest
 from inference.render import main
 from inference.tts import SpeechUnavailable, espeak, silence, write_wav
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def short_wav(tmp_path_factory):

@@ -21,6 +21,8 @@ from inference.model.blendshapes import ALL
 from inference.model.renderer import Renderer
 from inference.portrait import prepare_portrait
 
+pytestmark = pytest.mark.unit
+
 SIZE = 256
 G = {name: i for i, name in enumerate(GEOMETRY_NAMES)}
 

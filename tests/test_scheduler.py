@@ -9,10 +9,13 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from inference.engine import NO_PICTURE, BatchOutput, FrameInput
 from inference.model.timing import TIMING
 from inference.scheduler import Scheduler
+
+pytestmark = pytest.mark.unit
 
 WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 

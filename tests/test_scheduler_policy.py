@@ -16,6 +16,8 @@ from inference.scheduler import (
     plan_batch,
 )
 
+pytestmark = pytest.mark.unit
+
 WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 

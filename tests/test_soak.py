@@ -13,6 +13,8 @@ from conftest import ServerProcess
 from benchmarks.soak import soak
 from inference.tts import SpeechUnavailable, conversation
 
+pytestmark = pytest.mark.soak
+
 
 def test_churn_bad_networks_and_hostile_requests_leave_the_server_as_it_was():
     try:

@@ -11,6 +11,8 @@ import pytest
 from inference.tts import wav_bytes
 from server.speech import SpeechDecoder, SpeechError, SpeechQueue
 
+pytestmark = pytest.mark.unit
+
 
 def _decode(content_type: str, data: bytes, piece: int) -> np.ndarray:
     decoder = SpeechDecoder(content_type)

@@ -11,10 +11,13 @@ from dataclasses import replace
 
 import av
 import numpy as np
+import pytest
 
 from server.encoding import EncodeBatches, Vp8Tuning
 from server.media_clock import MediaClock
 from server.tracks import SessionVideoTrack
+
+pytestmark = pytest.mark.unit
 
 
 class Source:

@@ -42,6 +42,8 @@ from inference.training.visemes import (
 )
 from inference.training.windows import Windows, make_windows
 
+pytestmark = pytest.mark.unit
+
 WINDOW = TIMING.window_frames  # mel frames per window, as the engine takes them
 
 JAW = SPEECH.index("jawOpen")

@@ -28,6 +28,7 @@ class _Quiet(asyncio.DatagramProtocol):
     pass
 
 
+@pytest.mark.unit
 async def test_ephemeral_datagram_ports_come_from_the_range_until_it_is_full():
     loop = asyncio.get_running_loop()
     low = free_port()  # a TCP port number's neighbourhood is as good a range as any
@@ -95,6 +96,7 @@ def relayed_server(coturn):  # type: ignore[no-untyped-def]
         server.stop()
 
 
+@pytest.mark.e2e
 async def test_a_relay_only_client_talks_to_the_avatar_through_coturn(relayed_server, coturn,
                                                                        speech_wav):
     client = RTCConfiguration(iceServers=[RTCIceServer(coturn, "avatar", "secret")],

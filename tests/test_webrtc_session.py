@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.mouth import mouth_box, mouth_openness
 from server.client import Received, run_session
 
+pytestmark = pytest.mark.e2e
+
 HISTOGRAMS = ("sonic_pipeline_delay_seconds", "sonic_av_offset_seconds")
 
 

@@ -24,6 +24,7 @@ async def _create(http: aiohttp.ClientSession, url: str) -> dict:
         return await response.json()
 
 
+@pytest.mark.e2e
 async def test_a_whep_client_watches_a_session_and_leaves_it_running(server):
     async with aiohttp.ClientSession() as http:
         created = await _create(http, server.url)
@@ -114,6 +115,7 @@ DECODED = """async () => {
 }"""
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed")
 @pytest.mark.timeout(180)
 async def test_chromium_watches_through_the_bare_whep_exchange(server, speech_wav, tmp_path):

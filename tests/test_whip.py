@@ -24,6 +24,7 @@ from inference.tts import SpeechUnavailable, conversation
 from server.client import run_session
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.skipif("whip" not in av.formats_available,
                        reason="this PyAV's FFmpeg has no whip muxer"),
     pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed"),
