@@ -24,6 +24,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path("/tmp/page.png")
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed "
                        "(apt-get install chromium)"),
     pytest.mark.timeout(180),  # the shared server fixture may start inside this test

@@ -52,6 +52,7 @@ async def test_named_sessions_are_unique_and_found_only_with_their_token(server)
         await call_json("DELETE", f"{server.url}/sessions/{made['session_id']}")
 
 
+@pytest.mark.browser
 async def test_the_kiosk_plays_a_named_session_and_comes_back_by_itself(speech_wav, tmp_path):
     first = ServerProcess()
     with first:
