@@ -1,13 +1,16 @@
 // Sonic media server: the browser side of one session.
 // Sends the microphone over WebRTC, shows the returned avatar video with the delayed audio
 // (one MediaStream, so the browser plays them in sync) and polls stats once a second.
+// In viewer mode (/?session=ID&token=T) it only watches a session an application drives.
 // All URLs are relative to the page, so it works on whatever host serves it.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   avatars: $('avatar-list'), upload: $('upload'), size: $('size'), chooser: $('chooser'),
+  uploadError: $('upload-error'),
   start: $('start'), stop: $('stop'), video: $('video'), mute: $('mute'),
+  muteLabel: $('mute-label'), muteHint: $('mute-hint'), tagline: $('tagline'),
   status: $('status'), error: $('error'), stats: $('stats'), knobs: $('knobs'),
   say: $('say'), sayText: $('say-text'), saySend: $('say-send'), events: $('events'),
 };
@@ -19,6 +22,7 @@ let channel = null; // a viewer's "events" data channel: the session's events, o
 let sessionId = null;
 let state = 'idle';
 let avatarId = null;
+let poster = ''; // the chosen (or watched) avatar's picture, shown while not playing
 let statsTimer = null;
 let previous = null; // last getStats() sample, for per-second deltas
 let framesDecoded = 0;
@@ -54,16 +58,25 @@ function setState(next, text) {
   ui.status.textContent = text ?? next[0].toUpperCase() + next.slice(1);
 }
 
-function showError(error) {
+// Errors show in view, next to what failed: the session's under Start and Stop, an
+// upload's under the file input (``where``).
+function showError(error, where = ui.error) {
   const message = error instanceof Error ? error.message : String(error);
   console.error(error);
-  ui.error.textContent = message;
-  ui.error.hidden = false;
+  where.textContent = message;
+  where.hidden = false;
 }
 
 function clearError() {
-  ui.error.hidden = true;
-  ui.error.textContent = '';
+  for (const where of [ui.error, ui.uploadError]) {
+    where.hidden = true;
+    where.textContent = '';
+  }
+}
+
+function showPoster(url) {
+  poster = url;
+  if (!ui.video.srcObject) ui.video.poster = poster;
 }
 
 function setRunning(running) {
@@ -77,7 +90,20 @@ function setRunning(running) {
 function selectAvatar(id) {
   avatarId = id;
   for (const input of ui.avatars.querySelectorAll('input')) input.checked = input.value === id;
-  if (!ui.video.srcObject) ui.video.poster = `avatars/${encodeURIComponent(id)}/image`;
+  showPoster(`avatars/${encodeURIComponent(id)}/image`);
+}
+
+// An upload is named after its file, often wider than a thumbnail: the name wraps, after
+// "_" and "-" and before "." where it can (my_portrait | .jpg), so it is shown whole.
+function wrappable(name) {
+  const parts = [''];
+  for (const ch of name) {
+    if (ch === '.' && parts[parts.length - 1]) parts.push('');
+    parts[parts.length - 1] += ch;
+    if (ch === '_' || ch === '-') parts.push('');
+  }
+  return parts.filter(Boolean)
+    .flatMap((part, i) => (i ? [document.createElement('wbr'), part] : [part]));
 }
 
 async function loadAvatars(select) {
@@ -91,7 +117,8 @@ async function loadAvatars(select) {
     input.addEventListener('change', () => selectAvatar(a.avatar_id));
     const img = Object.assign(document.createElement('img'),
       { src: `avatars/${encodeURIComponent(a.avatar_id)}/image`, alt: a.name, loading: 'lazy' });
-    const name = Object.assign(document.createElement('span'), { textContent: a.name });
+    const name = document.createElement('span');
+    name.append(...wrappable(a.name));
     label.append(input, img, name);
     return label;
   }));
@@ -114,7 +141,7 @@ async function uploadAvatar() {
     setState(state, `Added avatar “${avatar.name}”`);
   } catch (error) {
     setState(state, 'Upload failed');
-    showError(`Upload failed: ${error.message}`);
+    showError(`Upload failed: ${error.message}`, ui.uploadError);
   } finally {
     ui.upload.value = '';
   }
@@ -180,6 +207,27 @@ const watching = (() => {
   return session ? { session_id: session, token: params.get('token') || '' } : null;
 })();
 
+// A viewer's page: it says what it shows, and has none of the microphone page's controls
+// (the avatar, its size and its knobs are the application's to choose; a viewer may not
+// change them). The sound is on: it is the application's speech, not the viewer's own
+// voice coming back, so nothing echoes, and Start is the gesture that lets it play.
+function becomeViewer() {
+  document.title = 'Watching an avatar · Sonic media server';
+  ui.tagline.textContent = 'Watching an avatar that an application drives: press Start to ' +
+    'see it and hear it speak.';
+  ui.muteLabel.textContent = 'Mute the avatar';
+  ui.muteHint.textContent = 'Its speech plays with sound once you press Start. Stop leaves ' +
+    'the session running for the application and its other viewers.';
+  ui.chooser.hidden = true;
+  ui.knobs.hidden = true;
+  ui.say.hidden = false;
+  // The session's own portrait while it is not playing, where the server lets a viewer see
+  // which it is (with API keys on it does not: the picture stays empty).
+  api('GET', `sessions/${encodeURIComponent(watching.session_id)}`)
+    .then(({ avatar }) => showPoster(`avatars/${encodeURIComponent(avatar)}/image`))
+    .catch(() => {});
+}
+
 async function start() {
   clearError();
   if (!watching && !navigator.mediaDevices?.getUserMedia) {
@@ -230,7 +278,7 @@ async function start() {
     await peer.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
     ui.video.muted = ui.mute.checked;
     ui.video.srcObject = remote;
-    ui.video.play().catch((error) => showError(`The video could not play: ${error.message}`));
+    ui.video.play().catch((error) => playMuted(peer, error));
     previous = null;
     statsTimer = setInterval(() => { statsPoll = refreshStats().catch(showError); }, 1000);
   } catch (error) {
@@ -238,6 +286,21 @@ async function start() {
     showError(`Could not ${watching ? 'watch' : 'start'}: ${error.message}`);
     await stop({ keepError: true });
   }
+}
+
+// A browser that will not play sound without a gesture it still counts (Start was pressed,
+// but some count only the click's own moment) plays the picture muted and says so.
+function playMuted(peer, error) {
+  if (pc !== peer) return; // stopped meanwhile
+  if (error.name !== 'NotAllowedError' || ui.video.muted) {
+    showError(`The video could not play: ${error.message}`);
+    return;
+  }
+  ui.mute.checked = true;
+  ui.video.muted = true;
+  ui.video.play().then(
+    () => showError('The browser would not play sound yet: untick “Mute” to hear it.'),
+    (again) => showError(`The video could not play: ${again.message}`));
 }
 
 // A server just started measures what a session costs before it takes any: its offers
@@ -285,7 +348,7 @@ async function stop({ keepError = false, hangUp = !watching } = {}) {
   channel = null;
   ui.saySend.disabled = true;
   ui.video.srcObject = null;
-  if (avatarId) selectAvatar(avatarId); // the poster again
+  ui.video.poster = poster;
   for (const value of ui.stats.querySelectorAll('dd')) value.textContent = '–';
   setRunning(false);
   setState('stopped', 'Stopped');
@@ -458,7 +521,10 @@ ui.stop.addEventListener('click', () => stop());
 ui.upload.addEventListener('change', uploadAvatar);
 ui.mute.addEventListener('change', () => { ui.video.muted = ui.mute.checked; });
 ui.say.addEventListener('submit', sendMessage);
-ui.say.hidden = !watching;
+// Set, not left to the markup: a reload may restore a checkbox as it was left, and the
+// microphone page must start muted (its audio is your own voice, echo-prone).
+ui.mute.checked = !watching;
+if (watching) becomeViewer();
 // Leaving the page ends the session at once rather than after the server's peer timeout
 // (a viewer's leaving ends only its own connection).
 window.addEventListener('pagehide', () => {
@@ -481,15 +547,16 @@ window.sonic = {
     return frames;
   },
   // The returned speech as the receiver has it: samples played out, of them concealed
-  // (made up for audio that did not come), and packets.
+  // (made up for audio that did not come), packets, and its energy.
   async audioReceived() {
-    const audio = { samples: 0, concealed: 0, packets: 0 };
+    const audio = { samples: 0, concealed: 0, packets: 0, energy: 0 };
     if (!pc) return audio;
     (await pc.getStats()).forEach((s) => {
       if (s.type === 'inbound-rtp' && s.kind === 'audio') {
         audio.samples = s.totalSamplesReceived ?? 0;
         audio.concealed = s.concealedSamples ?? 0;
         audio.packets = s.packetsReceived ?? 0;
+        audio.energy = s.totalAudioEnergy ?? 0; // sums the level² over time: 0 in silence
       }
     });
     return audio;
@@ -505,8 +572,10 @@ window.sonic = {
   },
 };
 
-loadAvatars().catch((error) => {
-  ui.avatars.replaceChildren();
-  showError(`Could not load the avatars: ${error.message}`);
-});
-loadControls().catch((error) => showError(`Could not load the controls: ${error.message}`));
+if (!watching) {
+  loadAvatars().catch((error) => {
+    ui.avatars.replaceChildren();
+    showError(`Could not load the avatars: ${error.message}`);
+  });
+  loadControls().catch((error) => showError(`Could not load the controls: ${error.message}`));
+}

@@ -50,13 +50,20 @@ def chromium_args(speech_wav: Path) -> list[str]:
     ]
 
 
+#: The window a laptop user sees the page in: what matters must show without scrolling.
+VIEWPORT = {"width": 1280, "height": 900}
+
+
 @contextlib.asynccontextmanager
-async def chromium_page(tmp_path: Path, speech_wav: Path) -> AsyncIterator[Any]:
-    """A page of a fresh headless Chromium kept on loopback, its microphone the speech."""
+async def chromium_page(tmp_path: Path, speech_wav: Path,
+                        viewport: dict[str, int] | None = None) -> AsyncIterator[Any]:
+    """A page of a fresh headless Chromium kept on loopback, its microphone the speech
+    (Playwright's 1280x720 window unless ``viewport`` says otherwise)."""
     async with playwright_api.async_playwright() as pw:
         context = await pw.chromium.launch_persistent_context(
             str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-            args=chromium_args(speech_wav), timeout=30_000)
+            args=chromium_args(speech_wav), timeout=30_000,
+            **({"viewport": viewport} if viewport else {}))
         try:
             yield context.pages[0] if context.pages else await context.new_page()
         finally:
@@ -159,7 +166,7 @@ async def test_page_talks_to_the_server(server, speech_wav, tmp_path):
             # shared server's avatar list must stay as the other tests expect it.)
             await page.locator("#upload").set_input_files(
                 {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"})
-            await expect(page.locator("#error")).to_contain_text("Upload failed: ")
+            await expect(page.locator("#upload-error")).to_contain_text("Upload failed: ")
             await expect(default).to_be_checked()
             problems.clear()  # the browser logs the failed request itself
 
@@ -346,3 +353,112 @@ async def test_a_page_and_an_application_that_start_while_the_server_calibrates_
                 [await page.evaluate("window.sonic.sessionId"), avatar.session_id])
     finally:
         server.stop()
+
+
+async def test_viewer_mode_is_a_watching_page_that_plays_the_avatars_speech_with_sound(
+        server, speech_wav, tmp_path):
+    """/?session=ID&token=T says it shows an avatar an application drives, with none of the
+    microphone page's wording and none of its avatar, upload, size or expression controls
+    (they do nothing for a viewer); its mute box starts unticked, and after Start the
+    avatar's speech is decoded and played by an unmuted element."""
+    import aiohttp
+
+    from server.client import SessionClient
+
+    expect = playwright_api.expect
+    async with SessionClient(server.url) as avatar, aiohttp.ClientSession() as http:
+        async with chromium_page(tmp_path, speech_wav, VIEWPORT) as page:
+            await page.goto(f"{server.url}/?session={avatar.session_id}&token={avatar.token}",
+                            wait_until="load")
+            shown = (await page.locator("body").inner_text()).lower()  # rendered text only
+            for mic_wording in ("microphone", "your own voice", "speak into", "returned audio"):
+                assert mic_wording not in shown, (mic_wording, shown)
+            await expect(page.locator(".tagline")).to_contain_text("an application drives")
+            await expect(page.locator("#mute-hint")).to_contain_text("with sound")
+            for control in ("#chooser", "#avatar-list", "#upload", "#size", "#knobs"):
+                await expect(page.locator(control)).to_be_hidden()
+            mute = page.locator("#mute")
+            await expect(mute).to_be_visible()
+            await expect(mute).not_to_be_checked()
+
+            await page.click("#start")
+            await page.wait_for_function("window.sonic.state === 'connected'",
+                                         timeout=15_000)
+            quiet = await page.evaluate("window.sonic.audioReceived()")
+            async with http.post(f"{server.url}/sessions/{avatar.session_id}/speech",
+                                 data=speech_wav.read_bytes(),
+                                 headers={"Content-Type": "audio/wav"}) as response:
+                assert response.status == 200, await response.text()
+
+            async def speech_heard() -> dict | None:
+                audio = await page.evaluate("window.sonic.audioReceived()")
+                return audio if audio["energy"] > quiet["energy"] + 1e-3 else None
+
+            heard = await poll(speech_heard, 15.0, "the avatar's speech to be decoded")
+            assert heard["samples"] > quiet["samples"] > 0, (quiet, heard)
+            element = await page.evaluate(
+                "(v => ({muted: v.muted, volume: v.volume, paused: v.paused,"
+                " audio: v.srcObject.getAudioTracks().length}))"
+                "(document.getElementById('video'))")
+            assert element == {"muted": False, "volume": 1, "paused": False, "audio": 1}, \
+                element
+            await expect(mute).not_to_be_checked()
+            await page.click("#stop")
+            await page.wait_for_function("window.sonic.state === 'stopped'")
+
+
+async def test_an_upload_error_shows_beside_the_upload_control_without_scrolling(
+        server, speech_wav, tmp_path):
+    """A refused upload's alert is in the 1280x900 window, just under the file input."""
+    async with chromium_page(tmp_path, speech_wav, VIEWPORT) as page:
+        await page.goto(f"{server.url}/", wait_until="load")
+        await page.wait_for_selector("#avatar-list input")
+        await page.locator("#upload").set_input_files(
+            {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"})
+        alert = page.get_by_role("alert").filter(has_text="Upload failed: ")
+        await playwright_api.expect(alert).to_be_visible()
+        assert await page.evaluate("window.scrollY") == 0
+        box = await alert.bounding_box()
+        assert box and box["y"] >= 0 and box["y"] + box["height"] <= VIEWPORT["height"], box
+        assert box["x"] >= 0 and box["x"] + box["width"] <= VIEWPORT["width"], box
+        control = await page.locator("#upload").bounding_box()
+        assert 0 <= box["y"] - (control["y"] + control["height"]) <= 40, (control, box)
+
+
+async def test_uploaded_portraits_show_their_file_names_whole(speech_wav, tmp_path):
+    """Uploads are named after their files, which are often longer than a thumbnail is wide
+    ("my_portrait.jpg" showed as "my_portrait.jp"): each name is shown whole, wrapped, not
+    cut. (A server of its own: the shared one's avatar list must stay as other tests expect.)"""
+    import io
+
+    from conftest import ServerProcess
+
+    image = pytest.importorskip("PIL.Image")
+    astronaut = image.open(Path(__file__).parents[1] / "static/avatars/astronaut.png")
+    names = ["my_portrait.jpg", "headshot-for-the-lobby-display_2024-05-12_final.png",
+             "averyveryverylongportraitnamewithnobreaksatall.png"]
+    with ServerProcess() as server:
+        async with chromium_page(tmp_path, speech_wav, VIEWPORT) as page:
+            await page.goto(f"{server.url}/", wait_until="load")
+            await page.wait_for_selector("#avatar-list input")
+            for i, name in enumerate(names):
+                photo = io.BytesIO()
+                astronaut.convert("RGB").rotate(3 * (i + 1)).save(photo, format="PNG")
+                await page.locator("#upload").set_input_files(
+                    {"name": name, "mimeType": "image/png", "buffer": photo.getvalue()})
+                await page.wait_for_selector(f"#avatar-list[data-count='{i + 2}']",
+                                             timeout=30_000)
+            for name in ["Astronaut", *names]:
+                shown = page.locator("#avatar-list label span").filter(has_text=name)
+                await playwright_api.expect(shown).to_have_count(1)
+                fits = await shown.evaluate("""el => {
+                    const box = el.getBoundingClientRect();
+                    const tile = el.closest('label').getBoundingClientRect();
+                    return {text: el.textContent, width: [el.scrollWidth, el.clientWidth],
+                            height: [el.scrollHeight, el.clientHeight],
+                            inside: box.left >= tile.left && box.right <= tile.right};
+                }""")
+                assert fits["text"] == name, fits
+                assert fits["width"][0] <= fits["width"][1], (name, fits)
+                assert fits["height"][0] <= fits["height"][1], (name, fits)
+                assert fits["inside"], (name, fits)

@@ -10,7 +10,6 @@ from conftest import ServerProcess, call_json
 from test_browser import CHROMIUM, chromium_page, poll
 
 pytestmark = [
-    pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed"),
     pytest.mark.timeout(300),
 ]
@@ -34,6 +33,7 @@ async def playing(page, after_frames: int = 0) -> dict | None:  # type: ignore[n
         and state["notice"] == "" else None
 
 
+@pytest.mark.e2e
 async def test_named_sessions_are_unique_and_found_only_with_their_token(server):
     status, made = await call_json("POST", f"{server.url}/sessions",
                               {"name": "hall", "token": TOKEN})
@@ -53,6 +53,7 @@ async def test_named_sessions_are_unique_and_found_only_with_their_token(server)
         await call_json("DELETE", f"{server.url}/sessions/{made['session_id']}")
 
 
+@pytest.mark.browser
 async def test_the_kiosk_plays_a_named_session_and_comes_back_by_itself(speech_wav, tmp_path):
     first = ServerProcess()
     with first:
