@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from inference.engine import FrameInput, PreparedPortrait
-from inference.inference_process import EngineProcess
+from inference.process.standalone import EngineProcess
 from inference.runtimes import create_engine
 from inference.service import Inference, InlineInference
 

@@ -1,9 +1,9 @@
 """A spawned child process with a control pipe, for the front door's inference processes
 and media workers alike.
 
-The parent starts it and waits for its ``("ready", value)``, hears its other messages,
-asks it to stop (killing it if it does not within 10 s), and learns when it dies
-unasked. The child runs an async ``main(control, *args)`` that ends on ``stop`` or when
+The parent starts it and waits for its ``Ready(value)``, hears its other messages,
+asks it to stop with ``Stop`` (killing it if it does not within 10 s), and learns when it
+dies unasked. The child runs an async ``main(control, *args)`` that ends on ``Stop`` or when
 the parent goes away (``until_stopped``), so no child outlives its parent.
 """
 
@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
@@ -28,9 +29,21 @@ class ChildProcessError(RuntimeError):
     """The child exited before it was ready."""
 
 
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The child's first message: it serves now; ``value`` is what ``start`` returns."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The parent asks the child to end in order."""
+
+
 class ChildProcess:
     def __init__(self, name: str, main: Callable[..., Awaitable[None]], args: tuple[Any, ...],
-                 *, on_message: Callable[[tuple[Any, ...]], None] | None = None,
+                 *, on_message: Callable[[Any], None] | None = None,
                  on_exit: Callable[[int | None], None] | None = None,
                  start_timeout_s: float = 600.0) -> None:
         self.name = name
@@ -81,7 +94,7 @@ class ChildProcess:
         if self._conn is not None:
             asyncio.get_running_loop().remove_reader(self._conn.fileno())
             try:
-                self._conn.send(("stop",))
+                self._conn.send(Stop())
             except OSError:
                 pass
         if self._process is not None:
@@ -104,12 +117,12 @@ class ChildProcess:
         conn = self._conn
         try:
             while conn is not None and conn.poll():
-                message = conn.recv()
-                if message[0] == "ready":
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(message[1])
-                else:
-                    self._on_message(message)
+                match conn.recv():
+                    case Ready(value):
+                        if self._ready is not None and not self._ready.done():
+                            self._ready.set_result(value)
+                    case message:
+                        self._on_message(message)
         except (EOFError, OSError):
             self._exited()
 
@@ -157,14 +170,14 @@ def _run_child(main: Callable[..., Awaitable[None]], control: Connection, *args:
 
 
 async def until_stopped(control: Connection) -> None:
-    """Return when the parent says ``stop`` or is gone, or on SIGTERM."""
+    """Return when the parent says ``Stop`` or is gone, or on SIGTERM."""
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
 
     def on_control() -> None:
         try:
             while control.poll():
-                if control.recv()[0] == "stop":
+                if isinstance(control.recv(), Stop):
                     stopped.set()
         except (EOFError, OSError):
             stopped.set()

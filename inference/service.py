@@ -3,8 +3,8 @@
 Sessions submit one frame's inputs with a deadline and get the frame back (or ``None``:
 repeat the last one), in I420 as their video encoders take it (``inference.pixels``);
 avatars put portraits into the engine's slots. ``InlineInference`` runs the shared
-scheduler and the engine in this process, on a thread; ``inference.inference_process``
-runs them in a process of their own, fed through shared memory, so the engine's Python
+scheduler and the engine in this process, on a thread; ``inference.process`` runs
+them in a process of their own, fed through shared memory, so the engine's Python
 side never waits for the media side's GIL.
 """
 

@@ -29,7 +29,8 @@ import aiohttp
 from aiohttp import web
 
 from inference.engine import NO_PICTURE, Manifest
-from inference.inference_process import InferenceProcess, unlink_ring
+from inference.process.handle import InferenceProcess
+from inference.process.ring import unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
 from server.access import Access
 from server.app import STATIC_DIR, check_model, inference_config

@@ -2,7 +2,7 @@
 
 The front door starts one per few cores. Each serves the same HTTP API as a single server,
 on a Unix socket only the front door talks to, and sends its frames to the inference
-process of its GPU through a shared ring (``inference.inference_process``): the sessions
+process of its GPU through a shared ring (``inference.process``): the sessions
 of every worker on that GPU share one scheduler and so one batch.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from inference.child_process import ChildProcess, until_stopped
+from inference.child_process import ChildProcess, Ready, until_stopped
 from inference.engine import Manifest
-from inference.inference_process import RemoteInference
+from inference.process.client import RemoteInference
 from inference.service import Inference
 from server.config import Settings
 from server.metrics import Metrics
@@ -146,7 +146,7 @@ async def _serve(control: Connection, spec: WorkerSpec) -> None:
     if os.path.exists(spec.socket_path):
         os.unlink(spec.socket_path)  # left by a predecessor that died
     await web.UnixSite(runner, spec.socket_path).start()
-    control.send(("ready", os.getpid()))
+    control.send(Ready(os.getpid()))
     log.info("worker %d ready on GPU %d", spec.index, spec.gpu)
     await until_stopped(control)
     await runner.cleanup()  # closes its sessions and disconnects from the inference process

@@ -14,15 +14,14 @@ import pytest
 
 from inference.engine import FrameInput, Manifest, PreparedPortrait
 from inference.images import load_default_avatar
-from inference.inference_process import (
-    EngineProcess,
-    InferenceProcessError,
-    RemoteInference,
-    unlink_ring,
-)
 from inference.model.timing import TIMING
 from inference.pixels import rgb_to_i420
 from inference.portrait import prepare_portrait
+from inference.process import InferenceProcessError
+from inference.process.client import RemoteInference
+from inference.process.messages import Done, Submit
+from inference.process.ring import unlink_ring
+from inference.process.standalone import EngineProcess
 from inference.runtimes.onnxruntime import OnnxRuntimeEngine
 
 pytestmark = pytest.mark.e2e
@@ -107,12 +106,12 @@ async def test_frames_submitted_together_cross_as_one_message_each_way(portraits
         await inference.warm_up(frames(slot, 4))
         conn = inference._conn
         assert conn is not None
-        sent: list[str] = []
-        received: list[str] = []
+        sent: list[type] = []
+        received: list[type] = []
         send, on_message = conn.send, inference._on_message
-        conn.send = lambda message: (sent.append(message[0]), send(message))  # type: ignore
+        conn.send = lambda message: (sent.append(type(message)), send(message))  # type: ignore
         inference._on_message = lambda message: (  # type: ignore[method-assign]
-            received.append(message[0]), on_message(message))
+            received.append(type(message)), on_message(message))
         batches.clear()
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(*(inference.submit(f, loop.time() + 10)
@@ -120,7 +119,7 @@ async def test_frames_submitted_together_cross_as_one_message_each_way(portraits
     finally:
         await inference.stop()
     assert all(r is not None for r in results)
-    assert sent == ["submit"] and batches == [4] and received.count("done") == 1, \
+    assert sent == [Submit] and batches == [4] and received.count(Done) == 1, \
         (sent, batches, received)
 
 
@@ -152,7 +151,7 @@ async def test_an_inference_process_stopped_in_order_is_not_reported_as_dead(por
     await inference.start()
     try:
         slot = await inference.prepare(portraits[256])
-        with caplog.at_level("INFO", logger="inference.inference_process"):
+        with caplog.at_level("INFO", logger="inference.process.client"):
             await inference.process.stop()
             for _ in range(100):
                 if inference.dead:
@@ -166,7 +165,7 @@ async def test_an_inference_process_stopped_in_order_is_not_reported_as_dead(por
     finally:
         await inference.stop()
     said = [(r.levelname, r.getMessage()) for r in caplog.records
-            if r.name == "inference.inference_process"]
+            if r.name == "inference.process.client"]
     assert ("INFO", "the inference process stopped; its frames are dropped") in said
     assert not [m for level, m in said if level == "ERROR"]
 
