@@ -4,7 +4,7 @@ Encodes 100 frames of the default portrait (moving, with a changing mouth patch)
 size, one thread, and prints CPU ms per frame (colour conversion included) and PSNR of
 the decoded frames at a fixed bitrate. aiortc's path converts RGB to YUV with swscale and
 runs libvpx with its noise filter; the server converts once with OpenCV and encodes with
-``server.encoding.RealtimeVp8Encoder``'s settings.
+``server.media.encoding.RealtimeVp8Encoder``'s settings.
 
     python -m benchmarks.encoding --size 512
     python -m benchmarks.encoding --size 256 --rendered --bitrate 500000 800000 1500000
@@ -32,7 +32,7 @@ from aiortc.codecs import vpx
 
 from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
-from server.encoding import RealtimeVp8Encoder, Vp8Tuning
+from server.media.encoding import RealtimeVp8Encoder, Vp8Tuning
 
 
 def _frames(size: int, count: int = 100) -> list[np.ndarray]:

@@ -23,8 +23,8 @@ import numpy as np
 from benchmarks.mouth import mouth_box, mouth_openness
 from benchmarks.sessions import _get, started_server
 from inference.tts import espeak, wav_bytes
-from server.client import NTP_EPOCH, run_session
-from server.peer import pin_host_addresses
+from server.client.peer import NTP_EPOCH, run_session
+from server.media.peer import pin_host_addresses
 
 SENTENCE = ("Let me tell you a rather long story about a lighthouse keeper, who counted every "
             "ship that passed his rock for forty years, and never once left the island.")

@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.sessions import started_server
-from server.client import NTP_EPOCH, EncodedSpeech, run_session
-from server.peer import pin_host_addresses
+from server.client.peer import NTP_EPOCH, run_session
+from server.client.speech import EncodedSpeech
+from server.media.peer import pin_host_addresses
 
 RATE = 48000
 FRAME_S = 0.02

@@ -12,7 +12,7 @@ the first session ends.
 
 The peers must not be the bottleneck on a machine they share with the server: they run in
 ``--client-processes`` processes, and all but ``--decoded`` of them are counting peers:
-they send speech encoded once (``server.client.EncodedSpeech``) and count the frames and
+they send speech encoded once (``server.client.peer.EncodedSpeech``) and count the frames and
 audio packets they receive from the RTP headers (``count_frames``), decoding nothing
 (decoding video costs 0.2-0.3 cores per stream, and aiortc's receive path a thread per
 track). The decoding ones check picture and sound in full.
@@ -47,11 +47,12 @@ from typing import Any
 import numpy as np
 
 from inference.tts import conversation, write_wav
-from server.client import EncodedSpeech, run_session
+from server.client.peer import run_session
+from server.client.speech import EncodedSpeech
 from server.config import REPO_ROOT
 from server.load import CLOCK_TICKS, process_cpu_seconds
-from server.peer import pin_host_addresses
-from server.session import RECENT_FRAMES
+from server.media.peer import pin_host_addresses
+from server.media.session import RECENT_FRAMES
 
 #: Per-session counters in /sessions, taken over the measuring window.
 COUNTERS = ("frames_sent", "frames_repeated", "frames_skipped")
@@ -374,7 +375,7 @@ async def _measure(url: str, pid: int, wav: Path, sessions: int, seconds: float,
         # model) and the median worker's loop share per 256x256 session.
         "learnt": {"cores_per_session": window.health.get("cores_per_session"),
                    "loop_unit_median": round(float(np.median(units)), 4) if units else None},
-        # What the server measured at start-up (``server.calibration``), before any offer.
+        # What the server measured at start-up (``server.client.calibration``), before any offer.
         "calibration": window.health.get("calibration"),
         "video_kbps_median": round(float(np.median(bitrates)) / 1000) if bitrates else None,
         "batch_mean": round(delta("sonic_engine_batch_size_sum") / batches, 2)

@@ -4,7 +4,7 @@ over bad networks, with stalled and skewed senders, offers that never connect, a
 hostile requests. At the end the server's processes must be back to their memory, file
 descriptors and threads of the start, and every error answer must have been JSON.
 
-Bad networks are made at the client's sockets (``server.client.Impairment``): these
+Bad networks are made at the client's sockets (``server.client.peer.Impairment``): these
 machines have no netem. Everything is sent to 127.0.0.1, bounded in count and time.
 
     python -m benchmarks.soak --minutes 30     # BENCHMARKS.md; tests/test_soak.py: 1 minute
@@ -29,8 +29,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from benchmarks.sessions import _get, _processes, busy_neighbours, started_server
 from inference.tts import conversation
-from server.client import Impairment, PacedSpeech, run_session
-from server.peer import pin_host_addresses
+from server.client.impairment import Impairment
+from server.client.peer import run_session
+from server.client.speech import PacedSpeech
+from server.media.peer import pin_host_addresses
 
 #: Transient sessions, two at a time, each this long.
 TRANSIENT_S = 4.0

@@ -1,6 +1,6 @@
 """The returned speech's Opus encode: CPU per 20 ms chunk and what it does to the sound,
 at libopus complexities (``compression_level``), through the server's own
-``server.encoding.SpeechOpusEncoder`` (mono, CELT-only, 64 kbit/s).
+``server.media.encoding.SpeechOpusEncoder`` (mono, CELT-only, 64 kbit/s).
 
 Each configuration encodes the same speech (alternated, best of ``--repeats``) and
 decodes it again; the sound is compared with the input by SNR and by log-spectral
@@ -18,8 +18,8 @@ import time
 import av
 import numpy as np
 
-from server.encoding import SpeechOpusEncoder
-from server.media_clock import AUDIO_RATE
+from server.media.clock import AUDIO_RATE
+from server.media.encoding import SpeechOpusEncoder
 
 CHUNK = AUDIO_RATE // 50
 

@@ -17,9 +17,9 @@ import aiohttp
 
 from benchmarks.sessions import _processes, started_server
 from inference.tts import conversation, wav_bytes
-from server.client import run_session
+from server.client.peer import run_session
 from server.load import process_cpu_seconds
-from server.peer import pin_host_addresses
+from server.media.peer import pin_host_addresses
 
 
 async def point(url: str, pid: int, sessions: int, viewers: int, seconds: float,

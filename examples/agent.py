@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from inference.tts import espeak
-from server.client import SessionClient
+from server.client.session_client import SessionClient
 
 SENTENCES = ["Hello, I am the avatar of an agent.",
              "Everything I say is streamed to the server as it is synthesised.",

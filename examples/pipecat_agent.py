@@ -1,5 +1,5 @@
 """A pipecat pipeline that speaks through the avatar: its TTS (espeak-ng here, offline)
-is streamed into a hosted session by ``server.pipecat.SonicAvatar``, and an interruption
+is streamed into a hosted session by ``server.client.pipecat.SonicAvatar``, and an interruption
 cuts the avatar off mid-sentence, as when the user starts talking. A real bot puts the
 avatar between its TTS and its transport's output; this one has no transport, so it
 prints the viewer URL instead of sending it to a client.
@@ -21,7 +21,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker, ProcessorUnusablePolicy
 from pipecat.workers.runner import WorkerRunner
 
-from server.pipecat import EspeakTTSService, SonicAvatar, SonicAvatarError, SonicSession
+from server.client.pipecat import EspeakTTSService, SonicAvatar, SonicAvatarError, SonicSession
 
 SENTENCES = ["Hello, I am the avatar of a pipecat agent.",
              "When you interrupt me I stop at once, mid sentence, and the server tells "

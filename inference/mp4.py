@@ -1,7 +1,7 @@
 """An MP4 of a talking portrait: H.264 video and AAC audio, each stamped on its own clock.
 
 One writer for the offline render (``inference.render``) and for recording a live session
-(``server.recording``): frames carry their own ``pts`` and ``time_base`` (frame indices, or
+(``server.media.recording``): frames carry their own ``pts`` and ``time_base`` (frame indices, or
 the session's 90 kHz video clock), audio arrives as contiguous mono chunks stamped by their
 first sample, so both tracks line up as they did on the clock that made them.
 """

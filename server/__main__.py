@@ -6,10 +6,10 @@ import ipaddress
 import logging
 
 from inference.child_process import LOG_FORMAT
-from server.app import create_app
 from server.config import parse_args
-from server.front_door import create_front_door
-from server.serving import serve
+from server.front_door.app import create_front_door
+from server.http.serving import serve
+from server.worker.app import create_app
 
 
 def _loopback(host: str) -> bool:

@@ -19,7 +19,7 @@ import pytest
 
 from inference.tts import SpeechUnavailable, conversation, write_wav
 from server.config import REPO_ROOT
-from server.peer import pin_host_addresses
+from server.media.peer import pin_host_addresses
 
 # The test peers offer loopback host candidates only, like the server started below.
 pin_host_addresses(["127.0.0.1"])

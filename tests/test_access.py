@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from conftest import ServerProcess
 
-from server.client import run_session
+from server.client.peer import run_session
 
 pytestmark = pytest.mark.e2e
 

@@ -4,8 +4,8 @@ import av
 import numpy as np
 import pytest
 
-from server.audio_ingest import AudioIngest, Resampler, to_mono_48k
-from server.media_clock import MediaClock
+from server.media.audio_ingest import AudioIngest, Resampler, to_mono_48k
+from server.media.clock import MediaClock
 
 
 def _ingest() -> AudioIngest:
@@ -159,8 +159,8 @@ def _assert_is_the_speech_sent(frames: list[av.AudioFrame], packets: list[bytes]
 async def test_audio_decoded_on_the_loop_is_the_speech_sent_and_needs_no_thread(speech_wav):
     import threading
 
-    from server.audio_ingest import decode_on_loop
-    from server.client import EncodedSpeech
+    from server.client.speech import EncodedSpeech
+    from server.media.audio_ingest import decode_on_loop
 
     packets = EncodedSpeech.encode_wav(str(speech_wav))
     threads = threading.active_count()
@@ -183,8 +183,8 @@ async def test_speech_in_40_ms_packets_is_decoded_whole_as_each_packet_arrives(s
     come (160 ms of 40 ms packets); decoded on the loop, it is heard on arrival."""
     import asyncio
 
-    from server.audio_ingest import decode_on_loop
-    from server.client import EncodedSpeech
+    from server.client.speech import EncodedSpeech
+    from server.media.audio_ingest import decode_on_loop
 
     packets = EncodedSpeech.encode_wav(str(speech_wav))
     speech = EncodedSpeech(packets)
@@ -206,7 +206,7 @@ async def test_speech_in_40_ms_packets_is_decoded_whole_as_each_packet_arrives(s
 def test_inbound_packets_pass_as_they_arrive_and_late_ones_are_dropped() -> None:
     from aiortc.rtp import RtpPacket
 
-    from server.audio_ingest import PacketsOnArrival
+    from server.media.audio_ingest import PacketsOnArrival
 
     buffer = PacketsOnArrival()
     passed = []

@@ -271,7 +271,7 @@ async def test_the_page_watches_a_session_an_application_drives(server, speech_w
     import aiohttp
 
     from examples.agent import answer_viewers
-    from server.client import SessionClient
+    from server.client.session_client import SessionClient
 
     async with SessionClient(server.url) as avatar, aiohttp.ClientSession() as http:
         session_id = avatar.session_id
@@ -315,7 +315,7 @@ async def test_a_page_and_an_application_that_start_while_the_server_calibrates_
     and so does an application's ``SessionClient``."""
     from conftest import ServerProcess
 
-    from server.client import SessionClient
+    from server.client.session_client import SessionClient
 
     server = ServerProcess("--set", "session.calibration_sessions=2")
     try:
@@ -363,7 +363,7 @@ async def test_viewer_mode_is_a_watching_page_that_plays_the_avatars_speech_with
     avatar's speech is decoded and played by an unmuted element."""
     import aiohttp
 
-    from server.client import SessionClient
+    from server.client.session_client import SessionClient
 
     expect = playwright_api.expect
     async with SessionClient(server.url) as avatar, aiohttp.ClientSession() as http:

@@ -19,7 +19,7 @@ from aiortc.codecs import get_capabilities, vpx
 from inference.images import load_default_avatar
 from inference.portrait import prepare_portrait
 from inference.tts import SpeechUnavailable, conversation
-from server.encoding import (
+from server.media.encoding import (
     EncodeBatches,
     RealtimeVp8Encoder,
     SpeechOpusEncoder,
@@ -189,7 +189,7 @@ async def test_encodes_asked_in_one_turn_of_the_loop_go_to_threads_a_batch_at_a_
 
 
 def test_libopus_refusing_a_frame_names_the_call_and_its_reason():
-    from server.opus import OpusEncoder, OpusError
+    from server.media.opus import OpusEncoder, OpusError
 
     with pytest.raises(OpusError, match="opus_encode of 1000 samples: invalid argument"):
         OpusEncoder().encode(np.zeros(1000, np.int16))  # not 2.5, 5, 10, 20, 40 or 60 ms
@@ -225,7 +225,7 @@ def test_speech_coded_by_libopus_itself_is_ffmpegs_coding_byte_for_byte():
 
 
 def test_settled_silence_is_sent_again_without_the_encoder_and_decodes_as_if_coded():
-    from server.opus import OpusEncoder
+    from server.media.opus import OpusEncoder
 
     chunks = _conversation_chunks()
     encoder = SpeechOpusEncoder()

@@ -21,7 +21,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from test_webrtc_session import _get, _mouth_box, assert_mouth_follows_speech
 
-from server.client import Received, run_session
+from server.client.peer import Received, run_session
 
 pytestmark = pytest.mark.e2e
 
@@ -127,7 +127,7 @@ def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions()
     from conftest import ServerProcess, call_json
     from test_http_api import _offer_sdp
 
-    from server.front_door import CALIBRATION_SESSIONS
+    from server.front_door.app import CALIBRATION_SESSIONS
 
     server = ServerProcess("--set", "workers.count=2", "--set", "session.calibration_sessions=0")
     try:

@@ -16,7 +16,7 @@ import pytest
 from test_webrtc_session import _mouth_box, _mouth_signal, assert_mouth_follows_speech
 
 from inference.tts import SpeechUnavailable, conversation, espeak, wav_bytes
-from server.client import NTP_EPOCH, run_session, without_bandwidth_estimates
+from server.client.peer import NTP_EPOCH, run_session, without_bandwidth_estimates
 
 pytestmark = pytest.mark.e2e
 
@@ -341,8 +341,8 @@ async def test_a_viewer_asks_the_agent_to_speak_on_the_events_channel(server):
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     from examples.agent import answer_viewers
-    from server.client import SessionClient
-    from server.events import MESSAGES_PER_WINDOW
+    from server.client.session_client import SessionClient
+    from server.media.events import MESSAGES_PER_WINDOW
 
     try:
         espeak("test", rate=16000)

@@ -24,7 +24,7 @@ from conftest import ServerProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.engine import KNOB_NAMES
-from server.client import run_session
+from server.client.peer import run_session
 from server.config import REPO_ROOT
 
 
@@ -381,7 +381,7 @@ async def test_config_shows_the_settings_in_force_and_the_knobs(server):
 @pytest.mark.unit
 def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_points():
     from server.config import IceSettings
-    from server.peer import allowed_candidates
+    from server.media.peer import allowed_candidates
 
     lines = [
         "v=0", "m=audio 9 UDP/TLS/RTP/SAVPF 111",
@@ -409,8 +409,8 @@ def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_point
 @pytest.mark.unit
 async def test_an_avatar_keeps_portraits_at_the_served_sizes_not_the_upload():
     from inference.images import load_default_avatar
-    from server.avatars import AvatarStore
     from server.config import AvatarSettings
+    from server.media.avatars import AvatarStore
 
     photo = cv2.resize(load_default_avatar(), (3000, 3000))  # 27 MB decoded
     ok, png = cv2.imencode(".png", cv2.cvtColor(photo, cv2.COLOR_RGB2BGR))

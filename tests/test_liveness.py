@@ -15,7 +15,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 
-from server.client import run_session
+from server.client.peer import run_session
 
 pytestmark = pytest.mark.e2e
 

@@ -62,8 +62,8 @@ async def test_the_answer_asks_for_a_packet_length_and_peers_read_it_back():
     back as a browser does (``asked_ptime``)."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from server.client import asked_ptime
-    from server.peer import with_ptime
+    from server.client.peer import asked_ptime
+    from server.media.peer import with_ptime
 
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     try:
@@ -83,7 +83,7 @@ async def test_the_answer_asks_for_a_packet_length_and_peers_read_it_back():
 
 @pytest.mark.unit
 def test_a_late_sender_report_does_not_shift_the_times_a_stream_was_sent():
-    from server.client import Stream
+    from server.client.peer import Stream
 
     stream = Stream("video", pts=[0, 3600, 7200], rtp_origin=(1 << 32) - 3600)
     # Two reports of one clock, the second noted 25 ms after its packet's time (a busy

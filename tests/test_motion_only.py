@@ -14,7 +14,7 @@ import pytest
 from aiortc import RTCPeerConnection
 from conftest import ServerProcess
 
-from server.client import Received, run_session
+from server.client.peer import Received, run_session
 
 pytestmark = pytest.mark.e2e
 
@@ -134,7 +134,7 @@ def test_sessions_share_engine_batches_on_the_instants_of_the_media_grid(speech_
 async def _batched(server: ServerProcess, speech_wav: Path) -> tuple[float, list[float]]:
     """Four motion-only sessions, made 10 ms apart: the mean engine batch while all run,
     and each one's coefficient messages per second."""
-    from server.client import EncodedSpeech
+    from server.client.speech import EncodedSpeech
 
     packets = EncodedSpeech.encode_wav(str(speech_wav))
 

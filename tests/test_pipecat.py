@@ -28,8 +28,8 @@ from pipecat.workers.runner import WorkerRunner
 from test_hosted_sessions import _follow
 from test_webrtc_session import _mouth_box, assert_mouth_follows_speech
 
-from server.client import run_session
-from server.pipecat import MESSAGE_TYPE, EspeakTTSService, SonicAvatar, SonicSession
+from server.client.peer import run_session
+from server.client.pipecat import MESSAGE_TYPE, EspeakTTSService, SonicAvatar, SonicSession
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="espeak-ng is not installed (apt-get install espeak-ng)")]

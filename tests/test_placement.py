@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from inference.engine import NO_PICTURE
-from server.load import CostModel
-from server.placement import (
+from server.costs import session_cost
+from server.front_door.placement import (
     HostLoad,
     Limits,
     Refused,
     WorkerLoad,
     engine_loads,
     place,
-    session_cost,
 )
+from server.load import CostModel
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from inference.tts import SpeechUnavailable, conversation
-from server.audio_ingest import AudioIngest
-from server.time_scale import best_lag, splice_in, splice_out
+from server.media.audio_ingest import AudioIngest
+from server.media.time_scale import best_lag, splice_in, splice_out
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from inference.tts import SpeechUnavailable, conversation
-from server.client import PacedSpeech, run_session
+from server.client.peer import run_session
+from server.client.speech import PacedSpeech
 
 pytestmark = pytest.mark.e2e
 

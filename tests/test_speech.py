@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inference.tts import wav_bytes
-from server.speech import SpeechDecoder, SpeechError, SpeechQueue
+from server.media.speech import SpeechDecoder, SpeechError, SpeechQueue
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,9 @@ import av
 import numpy as np
 import pytest
 
-from server.encoding import EncodeBatches, Vp8Tuning
-from server.media_clock import MediaClock
-from server.tracks import SessionVideoTrack
+from server.media.clock import MediaClock
+from server.media.encoding import EncodeBatches, Vp8Tuning
+from server.media.tracks import SessionVideoTrack
 
 pytestmark = pytest.mark.unit
 
@@ -73,7 +73,7 @@ async def test_a_frame_time_the_loop_comes_to_late_still_leaves_and_is_not_skipp
 
 
 async def test_an_audio_chunk_the_loop_comes_to_late_still_leaves() -> None:
-    from server.tracks import SessionAudioTrack
+    from server.media.tracks import SessionAudioTrack
 
     class Audio:
         clock = Source().clock
@@ -98,7 +98,7 @@ async def test_an_audio_chunk_the_loop_comes_to_late_still_leaves() -> None:
 
 
 async def test_audio_chunks_leave_joined_in_packets_of_the_clock_and_a_late_packet_is_skipped():
-    from server.tracks import SessionAudioTrack
+    from server.media.tracks import SessionAudioTrack
 
     class Audio:
         clock = replace(Source().clock, packet_chunks=2)
@@ -127,8 +127,8 @@ async def test_audio_chunks_leave_joined_in_packets_of_the_clock_and_a_late_pack
 
 async def test_audio_chunks_that_cannot_be_joined_leave_one_by_one_in_their_order(
         monkeypatch) -> None:
-    import server.tracks
-    from server.tracks import SessionAudioTrack
+    import server.media.tracks
+    from server.media.tracks import SessionAudioTrack
 
     class Audio:
         clock = replace(Source().clock, packet_chunks=2)
@@ -140,14 +140,14 @@ async def test_audio_chunks_that_cannot_be_joined_leave_one_by_one_in_their_orde
         def report_audio(self, k: int, sent_at: float) -> None:
             pass
 
-    monkeypatch.setattr(server.tracks, "join_opus", lambda packets: None)  # modes differ
+    monkeypatch.setattr(server.media.tracks, "join_opus", lambda packets: None)  # modes differ
     track = SessionAudioTrack(Audio())  # type: ignore[arg-type]
     packets = [await track.recv() for _ in range(4)]
     assert [p.pts for p in packets] == [0, 960, 1920, 2880]
 
 
 def test_clocks_started_on_one_phase_of_the_grid_share_their_instants() -> None:
-    from server.media_clock import on_grid
+    from server.media.clock import on_grid
 
     period = 1 / 25
     for now in (1000.0, 1000.013, 1000.0399, 123456.789):
@@ -164,7 +164,7 @@ def test_clocks_started_on_one_phase_of_the_grid_share_their_instants() -> None:
 def test_an_i420_picture_becomes_the_same_video_frame_with_or_without_row_padding() -> None:
     import av
 
-    from server.tracks import i420_frame
+    from server.media.tracks import i420_frame
 
     rng = np.random.default_rng(0)
     for side in (256, 512, 200):  # 200: PyAV pads its rows
@@ -224,7 +224,7 @@ async def test_a_frame_late_by_less_than_the_grace_leaves_late_and_a_later_one_i
 async def test_a_viewer_whose_transport_comes_up_late_starts_at_a_fresh_key_frame() -> None:
     """Frames paced while the viewer's handshake runs are not queued for it: they would
     reach it in a burst, as old as the handshake took."""
-    from server.tracks import SharedVideo, SharedVideoTrack
+    from server.media.tracks import SharedVideo, SharedVideoTrack
 
     source = Source()
     source.ready = set(range(100))
@@ -243,7 +243,7 @@ async def test_a_viewer_whose_transport_comes_up_late_starts_at_a_fresh_key_fram
 async def test_a_viewer_that_could_take_more_is_sent_no_more_than_the_cap() -> None:
     """``video.max_bitrate_kbps``: a rendered face looks no better above it; a viewer
     that can take less still gets less."""
-    from server.tracks import SharedVideo, SharedVideoTrack
+    from server.media.tracks import SharedVideo, SharedVideoTrack
 
     source = Source()
     source.ready = set(range(100))
@@ -260,7 +260,7 @@ async def test_a_viewer_that_could_take_more_is_sent_no_more_than_the_cap() -> N
 async def test_when_the_poorest_viewer_leaves_the_rate_rises_once_the_hold_ends() -> None:
     """A rise waits out the hold since the last change, and is then taken even if no
     viewer reports again: the one that held everyone back is gone."""
-    from server.tracks import SharedVideo, SharedVideoTrack
+    from server.media.tracks import SharedVideo, SharedVideoTrack
 
     source = Source()
     source.ready = set(range(100))

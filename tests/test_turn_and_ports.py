@@ -17,8 +17,8 @@ from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
 from conftest import ServerProcess, free_port
 
-from server.client import run_session
-from server.ports import NoFreePort, bind_udp_in_range
+from server.client.peer import run_session
+from server.media.ports import NoFreePort, bind_udp_in_range
 
 TURNSERVER = shutil.which("turnserver")
 LOW = 41200  # the media range the server is given

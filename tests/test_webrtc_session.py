@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.mouth import mouth_box, mouth_openness
-from server.client import Received, run_session
+from server.client.peer import Received, run_session
 
 pytestmark = pytest.mark.e2e
 
@@ -175,7 +175,7 @@ def test_a_counting_peer_sends_encoded_speech_and_counts_what_a_decoding_one_see
     estimate reaches the encoder as a real one's."""
     import asyncio
 
-    from server.client import EncodedSpeech
+    from server.client.speech import EncodedSpeech
 
     async def run() -> tuple[Received, list[dict]]:
         peer = asyncio.create_task(run_session(

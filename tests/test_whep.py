@@ -13,7 +13,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from test_browser import CHROMIUM, chromium_page
 
-from server.client import SessionClient
+from server.client.session_client import SessionClient
 
 WHEP = "application/sdp"
 

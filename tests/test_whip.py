@@ -21,7 +21,7 @@ import pytest
 from test_webrtc_session import _mouth_box, assert_mouth_follows_speech
 
 from inference.tts import SpeechUnavailable, conversation
-from server.client import run_session
+from server.client.peer import run_session
 
 pytestmark = [
     pytest.mark.e2e,

@@ -13,7 +13,7 @@ Message = TypeVar("Message")
 class Outbox(Generic[Item, Message]):
     """Items of one kind for a connection, sent together (as ``message(items)``) at the
     end of the loop's current round: the frames of every session due at one instant of the
-    media grid (``server.media_clock.on_grid``) cross the socket as one message, and so do
+    media grid (``server.media.clock.on_grid``) cross the socket as one message, and so do
     the frames of one batch coming back, rather than a message, a write and a wake-up of
     the other process each."""
 

@@ -9,7 +9,7 @@ itself, through the whole path a client's session takes (signalling, ICE and DTL
 inbound Opus, features, the shared scheduler and engine, the encoders, RTP out), and
 takes what they cost from the CPU time of its own processes.
 
-The peers run in a process of their own (``python -m server.calibration``), whose CPU
+The peers run in a process of their own (``python -m server.client.calibration``), whose CPU
 is not counted: they send speech encoded once and count what comes back without
 decoding it, as the load generator's peers do. The speech is a synthetic voice (voiced
 syllables on formants, with pauses), so that no recording need be shipped.
@@ -88,7 +88,7 @@ class PeerPlan:
     ice_hosts: list[str]
 
     def command(self) -> list[str]:
-        args = [sys.executable, "-m", "server.calibration", self.url,
+        args = [sys.executable, "-m", "server.client.calibration", self.url,
                 "--sessions", str(self.sessions), "--seconds", str(self.seconds)]
         for host in self.ice_hosts:
             args += ["--ice-host", host]
@@ -98,7 +98,8 @@ class PeerPlan:
 async def run_peers(plan: PeerPlan, headers: dict[str, str]) -> list[float]:
     """``plan.sessions`` counting peers at once, each streaming the synthetic voice for
     ``plan.seconds``; the video fps each received (0 for one that failed)."""
-    from server.client import EncodedSpeech, run_session
+    from server.client.peer import run_session
+    from server.client.speech import EncodedSpeech
 
     packets = EncodedSpeech.encode_pcm(synthetic_speech())
 
@@ -123,7 +124,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--ice-host", action="append", default=[])
     args = parser.parse_args()
-    from server.peer import pin_host_addresses
+    from server.media.peer import pin_host_addresses
 
     pin_host_addresses(args.ice_host)
     headers = json.loads(os.environ.get(HEADERS_ENV, "{}"))

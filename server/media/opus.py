@@ -5,7 +5,7 @@ PyAV reaches libopus through FFmpeg: each 20 ms becomes an ``AudioFrame``, passe
 filter graph that re-chunks it to the codec's frame size, and comes back as a ``Packet``;
 that wrapping was an eighth of the returned speech's encode (0.080 against 0.070 ms a
 chunk of espeak-ng's conversation here, the same bytes out; BENCHMARKS.md). A
-packet of 40 ms is still two 20 ms frames joined (``server.encoding.join_opus``):
+packet of 40 ms is still two 20 ms frames joined (``server.media.encoding.join_opus``):
 libopus 1.6 coding 40 ms in one call, CELT-only, spent about half the bits asked for
 (34 against 64 kbit/s) and lost 8 dB of SNR.
 """
@@ -21,7 +21,7 @@ from functools import cache
 
 import numpy as np
 
-from server.media_clock import AUDIO_RATE
+from server.media.clock import AUDIO_RATE
 
 #: ``OPUS_APPLICATION_RESTRICTED_LOWDELAY``: CELT only, no look-ahead for speech detection.
 RESTRICTED_LOWDELAY = 2051

@@ -15,18 +15,18 @@ from inference.engine import FrameInput, Manifest
 from inference.features import log_mel
 from inference.runtimes import VERIFIED, resolve_runtime
 from inference.service import Inference, InferenceConfig, start_inline
-from server.access import Access
-from server.avatars import DEFAULT_AVATAR, AvatarStore
 from server.config import REPO_ROOT, ConfigError, Settings
-from server.encoding import use_realtime_vp8, vp8_tuning
+from server.costs import LOOP_SHARE
+from server.http.access import Access
 from server.load import LoopLoad
+from server.media.avatars import DEFAULT_AVATAR, AvatarStore
+from server.media.encoding import use_realtime_vp8, vp8_tuning
+from server.media.peer import pin_host_addresses
+from server.media.ports import bind_udp_in_range
+from server.media.sessions import SessionManager
 from server.metrics import Metrics
-from server.peer import pin_host_addresses
-from server.placement import LOOP_SHARE
-from server.ports import bind_udp_in_range
-from server.sessions import SessionManager
-from server.signalling import allowed_hosts, cors, host_check, json_errors, routes
-from server.state import ServerState, access_key, metrics_key, settings_key, state_key
+from server.worker.routes import allowed_hosts, cors, host_check, json_errors, routes
+from server.worker.state import ServerState, access_key, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 STATIC_DIR = REPO_ROOT / "static"

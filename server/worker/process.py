@@ -125,7 +125,7 @@ class WorkerProcess:
 
 # ---------------------------------------------------------------------- the process itself
 async def _serve(control: Connection, spec: WorkerSpec) -> None:
-    from server.app import create_app  # the worker's whole server, imported in the worker
+    from server.worker.app import create_app  # the worker's whole server, imported in the worker
 
     for noisy in ("aioice", "aiortc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

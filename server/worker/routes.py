@@ -22,17 +22,17 @@ from aiortc import RTCPeerConnection
 from inference.engine import KNOBS, NO_PICTURE
 from inference.images import PortraitError
 from inference.runtimes import VERIFIED
-from server.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
 from server.config import HttpSettings, Settings
-from server.errors import ApiError, fail
-from server.events import server_sent
-from server.janus import JanusError, RoomPresence, RoomRequest
+from server.http.errors import ApiError, fail
+from server.integrations.janus import JanusError, RoomPresence, RoomRequest
+from server.media.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
+from server.media.events import server_sent
+from server.media.peer import OfferError, answer_offer, check_offer
+from server.media.session import OptionsError, Session, SessionOptions
+from server.media.sessions import AtCapacity, NameTaken
+from server.media.speech import SpeechDecoder, SpeechError
 from server.metrics import CONTENT_TYPE
-from server.peer import OfferError, answer_offer, check_offer
-from server.session import OptionsError, Session, SessionOptions
-from server.sessions import AtCapacity, NameTaken
-from server.speech import SpeechDecoder, SpeechError
-from server.state import ServerState, access_key, metrics_key, settings_key, state_key
+from server.worker.state import ServerState, access_key, metrics_key, settings_key, state_key
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -789,7 +789,7 @@ class SpeechSocket:
 
 @routes.get("/sessions/{session_id}/events")
 async def session_events(request: web.Request) -> web.StreamResponse:
-    """The session's events as server-sent events, until it ends (``server.events``)."""
+    """The session's events as server-sent events, until it ends (``server.media.events``)."""
     session = _session(request)
     queue = session.events.subscribe()
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",

@@ -19,7 +19,7 @@ from inference.images import DEFAULT_AVATAR_PATH
 from inference.portrait import PortraitSource, decode_portrait_source, prepare_portrait
 from inference.service import Inference
 from server.config import AvatarSettings
-from server.session import AvatarHandle
+from server.media.session import AvatarHandle
 
 DEFAULT_AVATAR = "astronaut"
 

@@ -15,7 +15,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from inference.mp4 import Mp4Writer
-from server.tracks import AudioSource, sleep_until
+from server.media.tracks import AudioSource, sleep_until
 
 log = logging.getLogger(__name__)
 

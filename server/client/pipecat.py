@@ -64,7 +64,7 @@ MAX_MESSAGE_BYTES = 64 * 1024
 #: An utterance longer than this (4 MiB: 87 s at 24 kHz) goes on as the next one,
 #: seamlessly, within the server's ``http.max_body_bytes`` (8 MiB by default).
 MAX_UTTERANCE_BYTES = 4 * 1024 * 1024
-#: Sample rates the server takes (``server.speech.RATES``).
+#: Sample rates the server takes (``server.media.speech.RATES``).
 MIN_RATE, MAX_RATE = 8000, 96000
 
 

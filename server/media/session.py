@@ -31,21 +31,21 @@ from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manif
 from inference.features import FrameWindows
 from inference.scheduler import FrameResult
 from inference.service import Inference
-from server.audio_ingest import AudioIngest, Resampler, pump_track
 from server.config import SessionSettings
-from server.encoding import EncodeBatches, Vp8Tuning
-from server.events import EventStream
-from server.media_clock import AUDIO_RATE, MediaClock, on_grid
-from server.metrics import Metrics
-from server.recording import record
-from server.speech import SpeechQueue, Utterances
-from server.tracks import (
+from server.media.audio_ingest import AudioIngest, Resampler, pump_track
+from server.media.clock import AUDIO_RATE, MediaClock, on_grid
+from server.media.encoding import EncodeBatches, Vp8Tuning
+from server.media.events import EventStream
+from server.media.recording import record
+from server.media.speech import SpeechQueue, Utterances
+from server.media.tracks import (
     SessionAudioTrack,
     SessionVideoTrack,
     SharedVideo,
     SharedVideoTrack,
     send_motion,
 )
+from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Session:
                  grid_phase: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.id = session_id
-        self.owner = owner  # the API key that made it (``server.access``), if keys are on
+        self.owner = owner  # the API key that made it (``server.http.access``), if keys are on
         #: Made by ``POST /sessions``: no peer of its own; speech is pushed into ``speech``,
         #: viewers attach with ``token``, and it lives until ended or left idle.
         self.hosted = hosted
@@ -168,7 +168,8 @@ class Session:
         self._coefficient_channels: list[RTCDataChannel] = []
         self._outbound: list[MediaStreamTrack] = []
         self.recording: Path | None = None  # the MP4 this session is recorded to
-        #: Where the session sits in an SFU's room, if it does (``server.janus``): shown as is.
+        #: Where the session sits in an SFU's room, if it does (``server.integrations.janus``).
+        #: Shown as is.
         self.room: Callable[[], dict[str, Any]] | None = None
         self._video: SharedVideo | None = None
         self._encodes = encodes

@@ -2,7 +2,7 @@
 
 It starts one inference process per GPU (the shared scheduler and the engine) and the media
 workers (peers, audio, encoding), each worker feeding one GPU. A new session is placed on
-a worker by measured load (``server.placement``) or refused with 503 and ``Retry-After``;
+a worker by measured load (``server.front_door.placement``) or refused with 503 and ``Retry-After``;
 every other route is answered by asking the workers, so clients see one server. A worker
 that dies is replaced (its sessions end; the others run on); an inference process that
 dies is restarted and the workers of its GPU with it.
@@ -32,13 +32,10 @@ from inference.engine import NO_PICTURE, Manifest
 from inference.process.handle import InferenceProcess
 from inference.process.ring import unlink_ring
 from inference.runtimes import GPU_RUNTIMES, VERIFIED, cuda_device_count, resolve_runtime
-from server.access import Access
-from server.app import STATIC_DIR, check_model, inference_config
-from server.calibration import HEADERS_ENV, TOKEN_HEADER, PeerPlan
+from server.client.calibration import HEADERS_ENV, TOKEN_HEADER, PeerPlan
 from server.config import Settings
-from server.load import CoresBusy, CostModel, cores_used
-from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
-from server.placement import (
+from server.costs import session_cost
+from server.front_door.placement import (
     HostLoad,
     Limits,
     Refused,
@@ -46,10 +43,14 @@ from server.placement import (
     engine_loads,
     gpu_capacity_fps,
     place,
-    session_cost,
 )
-from server.sessions import SETTLED_S
-from server.signalling import (
+from server.http.access import Access
+from server.load import CoresBusy, CostModel, cores_used
+from server.media.sessions import SETTLED_S
+from server.metrics import CONTENT_TYPE, FrontDoorMetrics, merge_expositions
+from server.worker.app import STATIC_DIR, check_model, inference_config
+from server.worker.process import WorkerProcess, WorkerSpec, worker_prefix
+from server.worker.routes import (
     RETRY_AFTER_S,
     allowed_hosts,
     at_capacity,
@@ -63,14 +64,13 @@ from server.signalling import (
     require_json,
     sdp_endpoint_options,
 )
-from server.state import access_key, metrics_key, settings_key
-from server.worker import WorkerProcess, WorkerSpec, worker_prefix
+from server.worker.state import access_key, metrics_key, settings_key
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 #: A process that keeps dying is restarted after a growing pause, up to this.
 MAX_RESTART_DELAY_S = 30.0
-#: The start-up calibration (``server.calibration``): the server's idle cores are read over
+#: The start-up calibration (``server.client.calibration``): the server's idle cores are read over
 #: IDLE_S, its sessions' once all have settled over MEASURE_S; it gives up after
 #: CALIBRATION_TIMEOUT_S, and the prior stands.
 IDLE_S = 1.5
@@ -332,7 +332,7 @@ class FrontDoor:
 
     async def _calibrate(self) -> None:
         """Measures what a session costs this host before taking clients' sessions
-        (``server.calibration``); on any failure the prior stands, and the server serves."""
+        (``server.client.calibration``); on any failure the prior stands, and the server serves."""
         prior = self.host_model.unit
         try:
             self.calibration = await asyncio.wait_for(self._measure_session_cost(),
@@ -544,7 +544,7 @@ async def healthz(request: web.Request) -> web.Response:
         "cores": door.cores,
         "cores_busy": round(door.cores_busy.value, 2),
         "cores_per_session": round(door.host_model.unit, 4),  # per 256x256, as measured
-        "calibration": door.calibration,  # at start-up (server.calibration)
+        "calibration": door.calibration,  # at start-up (server.client.calibration)
         "frame_size": size,
         "workers": [{"index": w.index, "gpu": w.spec.gpu, "pid": w.pid, "ready": w.ready,
                      "sessions": workers[w.index].count if w.index in workers else None,

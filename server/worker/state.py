@@ -9,12 +9,12 @@ from aiohttp import web
 
 from inference.engine import Manifest
 from inference.service import Inference
-from server.access import Access
-from server.avatars import AvatarStore
 from server.config import Settings
+from server.http.access import Access
 from server.load import LoopLoad
+from server.media.avatars import AvatarStore
+from server.media.sessions import SessionManager
 from server.metrics import Metrics
-from server.sessions import SessionManager
 
 
 @dataclass

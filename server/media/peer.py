@@ -25,10 +25,10 @@ from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, unpack_remb_fci
 from aiortc.sdp import SessionDescription
 
-from server.audio_ingest import decode_on_loop
 from server.config import IceSettings
-from server.session import Session
-from server.tracks import SharedVideoTrack
+from server.media.audio_ingest import decode_on_loop
+from server.media.session import Session
+from server.media.tracks import SharedVideoTrack
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 import av
 import numpy as np
 
-from server.audio_ingest import Resampler
-from server.events import EventStream
-from server.media_clock import AUDIO_RATE, MediaClock
+from server.media.audio_ingest import Resampler
+from server.media.clock import AUDIO_RATE, MediaClock
+from server.media.events import EventStream
 
 WAV_TYPES = frozenset({"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"})
 RATES = range(8000, 96001)

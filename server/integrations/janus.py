@@ -25,10 +25,10 @@ import aiohttp
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
-from server.audio_ingest import decode_on_loop
 from server.config import IceSettings, JanusSettings
-from server.peer import rtc_configuration, send_session
-from server.session import Session
+from server.media.audio_ingest import decode_on_loop
+from server.media.peer import rtc_configuration, send_session
+from server.media.session import Session
 
 log = logging.getLogger(__name__)
 

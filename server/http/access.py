@@ -11,7 +11,7 @@ import hmac
 from aiohttp import web
 
 from server.config import HttpSettings
-from server.errors import ApiError
+from server.http.errors import ApiError
 
 
 def key_owner(key: str) -> str:

@@ -29,8 +29,8 @@ from aiortc.codecs.base import Encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
 from server.config import VideoSettings
-from server.media_clock import AUDIO_RATE
-from server.opus import OpusEncoder
+from server.media.clock import AUDIO_RATE
+from server.media.opus import OpusEncoder
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class SpeechOpusEncoder:
     """The returned speech as Opus packets, made in the audio track so aiortc only packs
     them. aiortc's own encoder resamples every 20 ms chunk to stereo and runs on an
     executor thread (a thread hop per chunk costs more than encoding it); this one codes
-    the mono chunk as it is, by libopus itself (``server.opus``), CELT-only (``lowdelay``)
+    the mono chunk as it is, by libopus itself (``server.media.opus``), CELT-only (``lowdelay``)
     at 64 kbit/s, at complexity 5 (what WebRTC itself uses on phones): about a fifth less
     CPU than the default 10, with the same spectral error on real speech (``python -m
     benchmarks.speech_encoding``). Packets carry the chunk's own timestamp, so a track

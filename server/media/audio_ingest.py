@@ -5,7 +5,7 @@ jitter (it refills to ``jitter_ms`` after running dry) and steers its level back
 target whatever the sender does: audio held beyond it (a backlog after a stall, a sender
 clock running fast) is played up to 10% faster, and a level below it (a slow sender
 clock, growing jitter) a little slower, by removing or repeating whole pitch periods or
-quiet stretches (``server.time_scale``). So the delay comes back after a stall instead of
+quiet stretches (``server.media.time_scale``). So the delay comes back after a stall instead of
 staying, and clock skew never accumulates. Video follows the same output stream, so lips
 and sound stay together. Past ``max_buffer_ms`` the oldest audio is still dropped, as a
 last resort. Every chunk read remembers when its first sample arrived, so the pipeline
@@ -33,8 +33,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
-from server.media_clock import AUDIO_RATE
-from server.time_scale import FADE, MIN_LAG, best_lag, splice_in, splice_out
+from server.media.clock import AUDIO_RATE
+from server.media.time_scale import FADE, MIN_LAG, best_lag, splice_in, splice_out
 
 log = logging.getLogger(__name__)
 

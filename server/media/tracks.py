@@ -21,14 +21,14 @@ from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from inference.pixels import rgb_to_i420
-from server.encoding import (
+from server.media.clock import VIDEO_RATE, MediaClock
+from server.media.encoding import (
     EncodeBatches,
     RealtimeVp8Encoder,
     SpeechOpusEncoder,
     Vp8Tuning,
     join_opus,
 )
-from server.media_clock import VIDEO_RATE, MediaClock
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from aiortc import RTCPeerConnection
 
 from inference.engine import NO_PICTURE, Manifest
 from inference.service import Inference
-from server.avatars import AvatarStore
 from server.config import Settings
-from server.encoding import EncodeBatches, vp8_tuning
+from server.costs import media_cost
+from server.media.avatars import AvatarStore
+from server.media.encoding import EncodeBatches, vp8_tuning
+from server.media.session import Session, SessionOptions
 from server.metrics import Metrics
-from server.placement import media_cost
-from server.session import Session, SessionOptions
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class SessionManager:
 
     def media_cost(self, *, loop: bool = False) -> float:
         """Cost of every live session in cores, or in the event loop
-        (``server.placement.session_cost``)."""
+        (``server.costs.session_cost``)."""
         return _cost(self._sessions.values(), loop)
 
     def settled_cost(self, after_s: float = SETTLED_S, *, loop: bool = False) -> float:

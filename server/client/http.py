@@ -1,0 +1,29 @@
+"""HTTP calls a client makes of a server that may have just started: for its first
+seconds it measures what a session costs, answering 503 ``calibrating``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+#: The longest a client waits for a server that has just started to take sessions.
+START_WAIT_S = 60.0
+
+
+async def post_once_ready(http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                          ) -> tuple[int, Any]:
+    """POST ``body``; while the server answers 503 ``calibrating`` (for its first seconds it
+    measures what a session costs), ask again as its ``Retry-After`` says, up to
+    ``START_WAIT_S``. Any other answer is returned as it came."""
+    give_up_at = time.monotonic() + START_WAIT_S
+    while True:
+        async with http.post(url, json=body) as response:
+            answer = await response.json()
+            if response.status != 503 or answer.get("error") != "calibrating" \
+                    or time.monotonic() > give_up_at:
+                return response.status, answer
+            delay = float(response.headers.get("Retry-After", 5))
+        await asyncio.sleep(delay)
