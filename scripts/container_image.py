@@ -171,11 +171,13 @@ def check_runs() -> None:
     """Podman can run a container here (by trying), with no network as the build's steps
     and on the host's as the tests' servers: else ``Unavailable``, saying why."""
     for network in ("none", "host"):
-        done = podman("run", "--rm", f"--network={network}", BASE_IMAGE, "python", "-c",
-                      "import sys; print(sys.version_info[:2])", check=False, timeout=120)
+        done = podman("run", "--rm", "--pull=never", f"--network={network}", BASE_IMAGE,
+                      "python", "-c", "import sys; print(sys.version_info[:2])",
+                      check=False, timeout=120)
         if done.returncode != 0 or done.stdout.strip() != "(3, 11)":
+            said = " ".join((done.stderr.strip() or done.stdout.strip()).split())
             raise Unavailable(f"podman cannot run a container here (--network={network}): "
-                              + (done.stderr.strip() or done.stdout.strip())[-500:])
+                              + said[-500:])
 
 
 def requirements() -> list[str]:

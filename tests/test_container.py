@@ -77,7 +77,8 @@ def cpu_image() -> str:
     build_s = time.monotonic() - started
     _write("container-build.log", done.stderr)
     if done.returncode == UNAVAILABLE:
-        pytest.skip(done.stderr.strip().splitlines()[-1])
+        pytest.skip(next(line for line in reversed(done.stderr.splitlines())
+                         if "unavailable:" in line))
     assert done.returncode == 0, done.stderr[-3000:]
     name = done.stdout.strip().splitlines()[-1]
     # By its id: the one built here, whatever the name points to later.
@@ -112,10 +113,11 @@ async def test_client_gets_25_fps_and_the_speech_from_the_cpu_image(cpu_image, s
     # The image's ENTRYPOINT listens on 0.0.0.0:8080; later arguments win: loopback only,
     # on a free port, its ICE candidates on loopback.
     started = time.monotonic()
-    container = podman("run", "--detach", "--name", name, "--network=host", cpu_image,
-                       "--host", "127.0.0.1", "--port", str(port),
-                       "--ice-host", "127.0.0.1").stdout.strip()
-    try:
+    container = ""
+    try:  # a failed run may still leave the container made: removed below all the same
+        container = podman("run", "--detach", "--pull=never", "--name", name,
+                           "--network=host", cpu_image, "--host", "127.0.0.1",
+                           "--port", str(port), "--ice-host", "127.0.0.1").stdout.strip()
         _wait_ready(url, name, timeout=180)
         ready_s = time.monotonic() - started
         received = await run_session(url, str(speech_wav), seconds=10.0, coefficients=True)
@@ -133,11 +135,13 @@ async def test_client_gets_25_fps_and_the_speech_from_the_cpu_image(cpu_image, s
         jaw = np.array([m["coefficients"]["jawOpen"] for m in received.coefficients])
         assert len(jaw) > 200 and jaw.max() > 0.3, "the mouth did not move with the speech"
     finally:
-        stopping = time.monotonic()
-        podman("stop", "--time", "10", name, check=False, timeout=60)
-        _figures(stop_s=round(time.monotonic() - stopping, 1))
-        _write("container-server.log", _logs(name))
-        podman("rm", "--force", name, check=False, timeout=60)
+        try:
+            stopping = time.monotonic()
+            podman("stop", "--time", "10", name, check=False, timeout=60)
+            _figures(stop_s=round(time.monotonic() - stopping, 1))
+            _write("container-server.log", _logs(name))
+        finally:  # killed and removed, whatever stopping it did
+            podman("rm", "--force", "--time", "0", name, check=False, timeout=60)
     assert podman("container", "exists", name, check=False).returncode != 0
     # Nothing of it left running: conmon, the container's monitor, has its id in its
     # command line, as had every process podman started for it.
