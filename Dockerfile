@@ -8,8 +8,12 @@ COPY inference ./inference
 COPY engines ./engines
 COPY configs ./configs
 COPY static ./static
-# The README's install step.
-RUN pip install --no-cache-dir .
+# The README's install step. PIP_OPTIONS (empty by default) adds options to pip, e.g. a
+# wheelhouse for a build that cannot reach an index: --build-arg PIP_OPTIONS="--no-index
+# --find-links /wheels" with the wheels mounted there for the build (podman build -v
+# WHEELS:/wheels:ro, as scripts/container_image.py does; docs/containers.md).
+ARG PIP_OPTIONS=""
+RUN pip install --no-cache-dir $PIP_OPTIONS .
 
 # HTTP, and media on a fixed UDP range (ice.udp_ports), so both can be published:
 #   docker run -p 8080:8080 -p 40000-40099:40000-40099/udp IMAGE

@@ -13,6 +13,10 @@ command -v festival >/dev/null || need+=(festival)
 command -v turnserver >/dev/null || need+=(coturn)  # the TURN test's relay
 command -v janus >/dev/null || need+=(janus)  # the meeting-room test's SFU
 [ -d /usr/share/festival/voices/english/kal_diphone ] || need+=(festvox-kallpc16k)
+# The container test builds the CPU image on a debootstrapped base and runs it (podman).
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Packages such as janus start their daemon on install (on every interface): the tests
@@ -30,7 +34,8 @@ if ! python3 -m pip install -q 'torch==2.13.0'; then
   echo "PyTorch 2.13.0 is not installable here: the model's own tests will skip"
 fi
 python3 -m ruff check server inference tests benchmarks examples
-hadolint Dockerfile Dockerfile.gpu  # no container engine here: the images are linted, not built
+# The CPU image is also built and run (tests/test_container.py); the GPU image only linted.
+hadolint Dockerfile Dockerfile.gpu
 mkdir -p out
 # -rs: every skip prints its reason.
 python3 -m pytest -q -rs -p no:cacheprovider "$@"

@@ -25,7 +25,7 @@ from server.media.peer import pin_host_addresses
 pin_host_addresses(["127.0.0.1"])
 
 #: The layers a test may be in; ``python -m pytest -m unit`` runs the fast one alone.
-LAYERS = ("unit", "e2e", "browser", "soak", "gpu")
+LAYERS = ("unit", "e2e", "browser", "soak", "gpu", "container")
 _running_layer: str | None = None
 
 
