@@ -10,6 +10,7 @@ the parent goes away (``until_stopped``), so no child outlives its parent.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import multiprocessing
 import os
@@ -41,8 +42,14 @@ class Stop:
     """The parent asks the child to end in order."""
 
 
+#: What a child runs: an async ``main(control, *args)``, or its name as
+#: ``"package.module:function"``, imported only in the child (so the parent need not import
+#: what the child runs).
+Main = Callable[..., Awaitable[None]] | str
+
+
 class ChildProcess:
-    def __init__(self, name: str, main: Callable[..., Awaitable[None]], args: tuple[Any, ...],
+    def __init__(self, name: str, main: Main, args: tuple[Any, ...],
                  *, on_message: Callable[[Any], None] | None = None,
                  on_exit: Callable[[int | None], None] | None = None,
                  start_timeout_s: float = 600.0) -> None:
@@ -163,9 +170,12 @@ def watch_connection(loop: asyncio.AbstractEventLoop, conn: Connection,
     os.set_blocking(conn.fileno(), True)
 
 
-def _run_child(main: Callable[..., Awaitable[None]], control: Connection, *args: Any) -> None:
+def _run_child(main: Main, control: Connection, *args: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to act on
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    if isinstance(main, str):
+        module, _, name = main.partition(":")
+        main = getattr(importlib.import_module(module), name)
     run_event_loop(main(control, *args))
 
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: A session this old is connected and streaming, and a second's measure has seen it.
+SETTLED_S = 3.0
 
 
 class LoopLoad:

@@ -269,7 +269,7 @@ def test_serving_never_imports_librosa() -> None:
     """The server, its features and its runtime start without librosa (and the numba,
     scipy and scikit-learn it brings): GPU hosts install what serving needs and no more."""
     script = ("import sys, numpy as np\n"
-              "import server.worker.app, server.front_door.app, server.worker.process\n"
+              "import server.worker.app, server.front_door.app, server.worker.main\n"
               "import inference.process.core, inference.process.standalone\n"
               "import inference.runtimes.onnxruntime\n"
               "from inference.features import log_mel\n"

@@ -127,7 +127,7 @@ def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions()
     from conftest import ServerProcess, call_json
     from test_http_api import _offer_sdp
 
-    from server.front_door.app import CALIBRATION_SESSIONS
+    from server.front_door.calibration import SESSIONS
 
     server = ServerProcess("--set", "workers.count=2", "--set", "session.calibration_sessions=0")
     try:
@@ -152,7 +152,7 @@ def test_a_fresh_server_measures_what_a_session_costs_before_it_takes_sessions()
         health = _get(f"{server.url}/healthz")
         settings = _get(f"{server.url}/config")["settings"]["session"]
         calibration = health["calibration"]
-        low, high = CALIBRATION_SESSIONS
+        low, high = SESSIONS
         assert low <= calibration["sessions"] <= high, calibration
         assert calibration["fps_min"] >= 20, calibration  # its sessions really streamed
         assert calibration["busy_cores"] > calibration["idle_cores"], calibration

@@ -1,4 +1,14 @@
-"""The import picture runs one way: no module imports another that imports it back."""
+"""The import picture runs one way: no module imports another that imports it back, and a
+module's folder says which process it runs in and what it may import (docs/architecture.md):
+
+- ``server/`` (top level): shared by every process (settings, costs, knobs, load, metrics);
+- ``server/http/``: what the front door and the workers both serve HTTP with;
+- ``server/front_door/``: the front door's process, which never loads the media path;
+- ``server/worker/`` and ``server/media/``: a media worker's process and its media path;
+- ``server/integrations/``: third-party servers a worker's sessions join (Janus);
+- ``server/client/``: what runs in a caller's process, never in the server's;
+- ``inference/``: the engine side, which never imports the server; ``inference/training/``
+  is never imported by what serves."""
 
 from __future__ import annotations
 
@@ -14,9 +24,10 @@ pytestmark = pytest.mark.unit
 PACKAGES = ("server", "inference", "benchmarks")
 
 
-def import_graph(root: Path = REPO_ROOT) -> dict[str, set[str]]:
+def import_graph(root: Path = REPO_ROOT, *, outside: bool = False) -> dict[str, set[str]]:
     """Project module -> the project modules it imports, anywhere in its body (imports
-    inside functions count: they only hide a circle)."""
+    inside functions count: they only hide a circle); with ``outside``, the top-level
+    names of what else it imports (``aiortc``, ``numpy``)."""
     modules = {}
     for package in PACKAGES:
         for path in (root / package).rglob("*.py"):
@@ -31,8 +42,26 @@ def import_graph(root: Path = REPO_ROOT) -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             else:
                 continue
-            graph[name] |= {t for t in targets if t in modules and t != name}
+            if outside:
+                graph[name] |= {t.split(".")[0] for t in targets
+                                if t.split(".")[0] not in PACKAGES}
+            else:
+                graph[name] |= {t for t in targets if t in modules and t != name}
     return graph
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def _within(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -80,3 +109,43 @@ def test_inference_never_imports_the_server():
     graph = import_graph()
     assert not {(m, t) for m, ts in graph.items() if m.startswith("inference")
                 for t in ts if t.startswith("server")}
+
+
+def test_the_front_door_never_loads_the_media_path():
+    """The front door's process places sessions and relays requests: no WebRTC, no codec,
+    no session, whatever it imports on the way."""
+    graph, outside = import_graph(), import_graph(outside=True)
+    for module in (m for m in graph if _within(m, "server.front_door")):
+        loaded = reached(graph, module) | {module}
+        media = {m for m in loaded if _within(m, "server.media", "server.integrations",
+                                              "server.client", "server.worker.api",
+                                              "server.worker.app", "server.worker.main")}
+        assert not media, (module, media)
+        codecs = {name for m in loaded for name in outside[m]} & {"aiortc", "av", "aioice"}
+        assert not codecs, (module, codecs)
+
+
+def test_the_media_path_knows_nothing_of_the_processes_around_it():
+    graph = import_graph()
+    for module in (m for m in graph if _within(m, "server.media")):
+        around = {t for t in graph[module] if _within(t, "server.worker", "server.front_door",
+                                                        "server.client", "server.http",
+                                                        "server.integrations")}
+        assert not around, (module, around)
+
+
+def test_clients_use_no_part_of_the_server_process():
+    """What runs in a caller's process (the reference peer, SessionClient, pipecat) may
+    share the media path's codecs, not the server's processes or its HTTP side."""
+    graph = import_graph()
+    for module in (m for m in graph if _within(m, "server.client")):
+        server_side = {t for t in reached(graph, module)
+                       if _within(t, "server.worker", "server.front_door", "server.http",
+                                  "server.integrations")}
+        assert not server_side, (module, server_side)
+
+
+def test_what_serves_never_imports_the_training():
+    graph = import_graph()
+    for module in (m for m in graph if not _within(m, "inference.training", "benchmarks")):
+        assert not {t for t in graph[module] if _within(t, "inference.training")}, module

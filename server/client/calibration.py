@@ -1,18 +1,12 @@
-"""What a session costs this host, measured at start-up with real sessions (issue 8).
+"""The start-up calibration's peers (``python -m server.client.calibration``), which the
+front door starts in a process of their own while it measures what a session costs its
+cores (``server.front_door.calibration``): their CPU is not counted.
 
-Admission charges each new session at what a 256x256 session has been measured to cost
-the server's cores (``CostModel``). Until its own sessions have settled, a server knows
-only the prior ``session.cores_per_session``, measured on other hosts: a burst of offers
-on a fresh server would be admitted on a guess, too many on a slower host and too few on
-a faster one. So before the front door reports ready it runs a few sessions against
-itself, through the whole path a client's session takes (signalling, ICE and DTLS,
-inbound Opus, features, the shared scheduler and engine, the encoders, RTP out), and
-takes what they cost from the CPU time of its own processes.
-
-The peers run in a process of their own (``python -m server.client.calibration``), whose CPU
-is not counted: they send speech encoded once and count what comes back without
-decoding it, as the load generator's peers do. The speech is a synthetic voice (voiced
-syllables on formants, with pauses), so that no recording need be shipped.
+They send speech encoded once and count what comes back without decoding it, as the load
+generator's peers do. The speech is a synthetic voice (voiced syllables on formants, with
+pauses), so that no recording need be shipped. Their request headers (the front door's
+token, an API key, the Host the server answers to) come on standard input, not on a
+command line every user of the machine can read.
 """
 
 from __future__ import annotations
@@ -20,17 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
-#: Sent with the peers' offers: the front door takes only these while it measures.
-TOKEN_HEADER = "X-Sonic-Calibration"
-#: The peers' request headers (the token, an API key, the Host the server answers to),
-#: in the environment rather than on a command line every user can read.
-HEADERS_ENV = "SONIC_CALIBRATION_HEADERS"
+from server.client.peer import run_session
+from server.client.speech import EncodedSpeech
+from server.media.peer import pin_host_addresses
+
 RATE = 48000
 
 #: (F1, F2, F3) in Hz of five vowels, as a grown voice speaks them.
@@ -80,32 +71,15 @@ def synthetic_speech(seconds: float = 8.0, rate: int = RATE, seed: int = 0) -> n
     return (np.clip(voice / np.abs(voice).max() * 0.5, -1, 1) * 32767).astype(np.int16)
 
 
-@dataclass(frozen=True)
-class PeerPlan:
-    url: str
-    sessions: int
-    seconds: float
-    ice_hosts: list[str]
-
-    def command(self) -> list[str]:
-        args = [sys.executable, "-m", "server.client.calibration", self.url,
-                "--sessions", str(self.sessions), "--seconds", str(self.seconds)]
-        for host in self.ice_hosts:
-            args += ["--ice-host", host]
-        return args
-
-
-async def run_peers(plan: PeerPlan, headers: dict[str, str]) -> list[float]:
-    """``plan.sessions`` counting peers at once, each streaming the synthetic voice for
-    ``plan.seconds``; the video fps each received (0 for one that failed)."""
-    from server.client.peer import run_session
-    from server.client.speech import EncodedSpeech
-
+async def run_peers(url: str, sessions: int, seconds: float, headers: dict[str, str]
+                    ) -> list[float]:
+    """``sessions`` counting peers at once, each streaming the synthetic voice for
+    ``seconds``; the video fps each received (0 for one that failed)."""
     packets = EncodedSpeech.encode_pcm(synthetic_speech())
 
     async def one(k: int) -> float:
         try:
-            received = await run_session(plan.url, "", seconds=plan.seconds, keep=False,
+            received = await run_session(url, "", seconds=seconds, keep=False,
                                          count_only=True, headers=headers,
                                          audio=EncodedSpeech(packets[k * 25:] + packets[:k * 25]))
         except Exception as exc:  # noqa: BLE001 - reported, and the front door goes on
@@ -113,7 +87,7 @@ async def run_peers(plan: PeerPlan, headers: dict[str, str]) -> list[float]:
             return 0.0
         return received.video_fps()
 
-    return list(await asyncio.gather(*(one(k) for k in range(plan.sessions))))
+    return list(await asyncio.gather(*(one(k) for k in range(sessions))))
 
 
 def main() -> None:
@@ -124,12 +98,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--ice-host", action="append", default=[])
     args = parser.parse_args()
-    from server.media.peer import pin_host_addresses
-
     pin_host_addresses(args.ice_host)
-    headers = json.loads(os.environ.get(HEADERS_ENV, "{}"))
-    plan = PeerPlan(args.url, args.sessions, args.seconds, args.ice_host)
-    print(json.dumps({"video_fps": asyncio.run(run_peers(plan, headers))}))
+    headers = json.loads(sys.stdin.readline() or "{}")
+    fps = asyncio.run(run_peers(args.url, args.sessions, args.seconds, headers))
+    print(json.dumps({"video_fps": fps}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ from typing import NoReturn
 
 from aiohttp import web
 
+#: Seconds a client refused for capacity is asked to wait before it tries again.
+RETRY_AFTER_S = 5
+
 
 class ApiError(web.HTTPException):
     """An HTTP error with a JSON body naming the problem."""
@@ -21,3 +24,8 @@ class ApiError(web.HTTPException):
 
 def fail(status: int, code: str, message: str) -> NoReturn:
     raise ApiError(status, code, message)
+
+
+def at_capacity(message: str, error: str = "at_capacity") -> NoReturn:
+    """503 with ``Retry-After``: the server cannot take this now, and may later."""
+    raise ApiError(503, error, message, headers={"Retry-After": str(RETRY_AFTER_S)})

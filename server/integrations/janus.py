@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import logging
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -26,6 +25,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.config import IceSettings, JanusSettings
+from server.http.new_session import RoomRequest
 from server.media.audio_ingest import decode_on_loop
 from server.media.peer import rtc_configuration, send_session
 from server.media.session import Session
@@ -50,16 +50,6 @@ class JanusError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class RoomRequest:
-    """What a session asks of its room: which, whom to listen to, how to appear."""
-
-    room: int | str
-    listen_to: str
-    display: str = "Avatar"
-    pin: str | None = None
 
 
 class JanusApi:

@@ -16,7 +16,7 @@ import random
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,12 @@ from aiortc import RTCDataChannel
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamTrack
 
-from inference.engine import KNOB_NAMES, KNOBS, KNOBS_BY_NAME, FrameInput, Manifest
+from inference.engine import FrameInput, Manifest
 from inference.features import FrameWindows
 from inference.scheduler import FrameResult
 from inference.service import Inference
 from server.config import SessionSettings
+from server.knobs import SessionOptions
 from server.media.audio_ingest import AudioIngest, Resampler, pump_track
 from server.media.clock import AUDIO_RATE, MediaClock, on_grid
 from server.media.encoding import EncodeBatches, Vp8Tuning
@@ -53,32 +54,6 @@ KEEP_CHUNKS = 100  # outbound audio kept for late viewers: 2 s
 KEEP_FRAMES = 25
 #: Frames the delay and A/V percentiles in a session's stats are taken over: its latest.
 RECENT_FRAMES = 500
-
-
-class OptionsError(ValueError):
-    """A session option is unknown or out of range."""
-
-
-class SessionOptions:
-    """A session's knobs (the engine contract's ``KNOBS``), changed live."""
-
-    def __init__(self, defaults: Mapping[str, float]) -> None:
-        self.values = {knob.name: float(defaults.get(knob.name, knob.default))
-                       for knob in KNOBS}
-
-    def update(self, raw: object) -> None:
-        """Apply a JSON object of knobs; all-or-nothing, naming the offending field."""
-        if not isinstance(raw, dict):
-            raise OptionsError("options must be a JSON object")
-        changes = {}
-        for key, value in raw.items():
-            if key not in KNOBS_BY_NAME:
-                raise OptionsError(f"unknown option {key!r}; known: {', '.join(KNOB_NAMES)}")
-            try:
-                changes[key] = KNOBS_BY_NAME[key].check(value)
-            except ValueError as exc:
-                raise OptionsError(f"option {exc}") from None
-        self.values.update(changes)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from inference.engine import NO_PICTURE, Manifest
 from inference.service import Inference
 from server.config import Settings
 from server.costs import media_cost
+from server.knobs import SessionOptions
+from server.load import SETTLED_S
 from server.media.avatars import AvatarStore
 from server.media.encoding import EncodeBatches, vp8_tuning
-from server.media.session import Session, SessionOptions
+from server.media.session import Session
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -33,8 +35,6 @@ class NameTaken(ValueError):
     pass
 
 
-#: A session this old is connected and streaming, and a second's measure has seen it.
-SETTLED_S = 3.0
 
 
 def _grid_phases(setting: int, runtime: str) -> int:

@@ -14,10 +14,14 @@ from aiohttp import web
 from inference.engine import FrameInput, Manifest
 from inference.features import log_mel
 from inference.runtimes import VERIFIED, resolve_runtime
-from inference.service import Inference, InferenceConfig, start_inline
-from server.config import REPO_ROOT, ConfigError, Settings
+from inference.service import Inference, start_inline
+from server.config import Settings
 from server.costs import LOOP_SHARE
+from server.engine_settings import check_model, inference_config
 from server.http.access import Access
+from server.http.app_keys import access_key, metrics_key, settings_key
+from server.http.common import STATIC_DIR
+from server.http.middleware import middlewares
 from server.load import LoopLoad
 from server.media.avatars import DEFAULT_AVATAR, AvatarStore
 from server.media.encoding import use_realtime_vp8, vp8_tuning
@@ -25,11 +29,10 @@ from server.media.peer import pin_host_addresses
 from server.media.ports import bind_udp_in_range
 from server.media.sessions import SessionManager
 from server.metrics import Metrics
-from server.worker.routes import allowed_hosts, cors, host_check, json_errors, routes
-from server.worker.state import ServerState, access_key, metrics_key, settings_key, state_key
+from server.worker.api import add_routes
+from server.worker.state import ServerState, state_key
 
 log = logging.getLogger(__name__)
-STATIC_DIR = REPO_ROOT / "static"
 
 
 def _warm_features(manifest: Manifest) -> None:
@@ -71,36 +74,7 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def check_model(settings: Settings, manifest: Manifest) -> None:
-    """Settings that only the loaded model can check: its frame rate, sizes and latency."""
-    if settings.video.fps != manifest.fps:
-        raise ConfigError(f"video.fps={settings.video.fps} but {manifest.name} renders at "
-                          f"{manifest.fps} fps")
-    unsupported = sorted(set(settings.video.allowed_sizes) - set(manifest.portrait_sizes))
-    if unsupported:
-        raise ConfigError(f"video.allowed_sizes has {unsupported}: {manifest.name} is made for "
-                          f"{', '.join(map(str, manifest.portrait_sizes))}")
-    needed_ms = 1000 * manifest.frame_latency_s + 20  # + one timeline chunk
-    if settings.session.pipeline_delay_ms < needed_ms + 10:
-        raise ConfigError(
-            f"session.pipeline_delay_ms={settings.session.pipeline_delay_ms} leaves no time "
-            f"to render: {manifest.name} needs its audio {needed_ms:.0f} ms after a frame "
-            f"starts; give at least {needed_ms + 10:.0f} ms")
-
-
 Connect = Callable[[Settings, Metrics], Awaitable[Inference]]
-
-
-def inference_config(settings: Settings, runtime: str, device: int | None = None
-                     ) -> InferenceConfig:
-    """The shared scheduler and engine as the settings ask, on ``runtime``."""
-    opts = {"intra_op_threads": settings.engine.intra_op_threads} \
-        if runtime == "onnxruntime" else {}
-    return InferenceConfig(runtime, str(settings.manifest_path), opts,
-                           settings.scheduler.max_batch, settings.scheduler.max_wait_ms,
-                           max_pending=4 * (settings.session.max_sessions
-                                            + settings.session.max_motion_sessions) + 8,
-                           device=device)
 
 
 async def connect_inline(settings: Settings, metrics: Metrics) -> Inference:
@@ -110,15 +84,15 @@ async def connect_inline(settings: Settings, metrics: Metrics) -> Inference:
 
 
 def create_app(settings: Settings, *, connect: Connect = connect_inline,
-               runtime: str | None = None, id_prefix: str = "") -> web.Application:
-    """One whole server, or one media worker of many: ``connect`` gives it its inference
-    (by default the engine on a thread of this process); ``runtime`` is the one the
-    engine runs on, where the front door resolved it; ``id_prefix`` starts its session
-    ids."""
+               runtime: str | None = None, id_prefix: str = "",
+               behind_door: bool = False) -> web.Application:
+    """One whole server, or one media worker of many (``behind_door``: it then also
+    answers the front door's internal routes): ``connect`` gives it its inference (by
+    default the engine on a thread of this process); ``runtime`` is the one the engine
+    runs on, where the front door resolved it; ``id_prefix`` starts its session ids."""
     app = web.Application(client_max_size=settings.http.max_body_bytes,
-                          middlewares=[cors(settings.http.cors_origins), json_errors,
-                                       host_check(allowed_hosts(settings.http))])
-    app.add_routes(routes)
+                          middlewares=middlewares(settings.http))
+    add_routes(app, internal=behind_door)
     app.router.add_static("/static/", STATIC_DIR)
     metrics = Metrics()
     app[settings_key] = settings
@@ -144,7 +118,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
                                   runtime=resolved)
         loop_load = LoopLoad(settings.session.cores_per_session * LOOP_SHARE)
         state = ServerState(settings, resolved, manifest, inference, avatars, sessions, metrics,
-                            STATIC_DIR, loop_load)
+                            loop_load)
         app[state_key] = state
         meter = asyncio.get_running_loop().create_task(state.loop_load.run(
             lambda: (sessions.media_cost(loop=True), sessions.settled_cost(loop=True))))

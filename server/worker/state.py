@@ -1,16 +1,15 @@
-"""What one running server holds, handed to request handlers through the aiohttp app."""
+"""What one media worker (or the server running alone) holds, handed to its request
+handlers through the aiohttp app."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiohttp import web
 
 from inference.engine import Manifest
 from inference.service import Inference
 from server.config import Settings
-from server.http.access import Access
 from server.load import LoopLoad
 from server.media.avatars import AvatarStore
 from server.media.sessions import SessionManager
@@ -26,12 +25,7 @@ class ServerState:
     avatars: AvatarStore
     sessions: SessionManager
     metrics: Metrics
-    static_dir: Path
     loop_load: LoopLoad
 
 
 state_key: web.AppKey[ServerState] = web.AppKey("state", ServerState)
-#: Also set on the front door's application, which has no ``ServerState``.
-settings_key: web.AppKey[Settings] = web.AppKey("settings", Settings)
-metrics_key: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-access_key: web.AppKey[Access] = web.AppKey("access", Access)

@@ -1,32 +1,19 @@
-"""A media worker: the WebRTC peers, audio, features and video encoding of its sessions.
-
-The front door starts one per few cores. Each serves the same HTTP API as a single server,
-on a Unix socket only the front door talks to, and sends its frames to the inference
-process of its GPU through a shared ring (``inference.process``): the sessions
-of every worker on that GPU share one scheduler and so one batch.
-"""
+"""The front door's handle on a media worker: what it is started with, how its session
+ids begin, and starting, stopping and asking it over HTTP on its Unix socket. The
+worker's own code (``server.worker.main``) is named, not imported: it runs only in the
+worker's process."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-from inference.child_process import ChildProcess, Ready, until_stopped
-from inference.engine import Manifest
-from inference.process.client import RemoteInference
-from inference.service import Inference
+from inference.child_process import ChildProcess
 from server.config import Settings
-from server.metrics import Metrics
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +44,7 @@ class WorkerProcess:
                  start_timeout_s: float = 600.0) -> None:
         self.spec = spec
         self.index = spec.index
+        self.name = f"media worker {spec.index}"
         self.ready = False
         self.http: aiohttp.ClientSession | None = None
 
@@ -64,8 +52,8 @@ class WorkerProcess:
             self.ready = False
             on_exit(self)
 
-        self.child = ChildProcess(f"worker-{self.index}", _serve, (spec,), on_exit=exited,
-                                  start_timeout_s=start_timeout_s)
+        self.child = ChildProcess(f"worker-{self.index}", "server.worker.main:serve", (spec,),
+                                  on_exit=exited, start_timeout_s=start_timeout_s)
 
     @property
     def pid(self) -> int | None:
@@ -121,32 +109,3 @@ class WorkerProcess:
             raise ConnectionError(f"worker {self.index} is not running")
         async with self.http.request(method, f"http://worker{path}", **kwargs) as response:
             return response.status, await response.read(), dict(response.headers)
-
-
-# ---------------------------------------------------------------------- the process itself
-async def _serve(control: Connection, spec: WorkerSpec) -> None:
-    from server.worker.app import create_app  # the worker's whole server, imported in the worker
-
-    for noisy in ("aioice", "aiortc"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-    async def connect(settings: Settings, metrics: Metrics) -> Inference:
-        inference = RemoteInference(
-            Manifest.load(settings.manifest_path), spec.inference_address, spec.authkey,
-            pending=spec.ring_pending, max_side=max(settings.video.allowed_sizes),
-            motion_pending=spec.ring_motion_pending,
-            ring_name=spec.ring_name, on_drop=metrics.on_drop)
-        await inference.start()
-        return inference
-
-    app = create_app(spec.settings, connect=connect, runtime=spec.runtime,
-                     id_prefix=worker_prefix(spec.index))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()  # loads, warms up and prepares the default avatar
-    if os.path.exists(spec.socket_path):
-        os.unlink(spec.socket_path)  # left by a predecessor that died
-    await web.UnixSite(runner, spec.socket_path).start()
-    control.send(Ready(os.getpid()))
-    log.info("worker %d ready on GPU %d", spec.index, spec.gpu)
-    await until_stopped(control)
-    await runner.cleanup()  # closes its sessions and disconnects from the inference process
