@@ -11,14 +11,8 @@ import pytest
 from server.config import REPO_ROOT, load_settings
 from server.http.api import ROUTES, Owner, openapi
 from server.http.errors import ApiError
-from server.http.new_session import (
-    NewSession,
-    RoomRequest,
-    SessionKind,
-    new_session_kind,
-    parse_new_session,
-    parse_whip_query,
-)
+from server.http.new_session import new_session_kind, parse_new_session, parse_whip_query
+from server.session_spec import NewSession, RoomRequest, SessionKind
 
 pytestmark = pytest.mark.unit
 

@@ -32,13 +32,8 @@ from server.http.app_keys import access_key
 from server.http.bodies import json_body, read_body
 from server.http.common import SDP
 from server.http.errors import at_capacity, fail
-from server.http.new_session import (
-    NewSession,
-    SessionKind,
-    new_session_kind,
-    parse_new_session,
-    parse_whip_query,
-)
+from server.http.new_session import new_session_kind, parse_new_session, parse_whip_query
+from server.session_spec import NewSession, SessionKind
 from server.worker.handle import WorkerProcess
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

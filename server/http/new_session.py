@@ -1,5 +1,5 @@
 """What a request asks of a new session, read once from its body (or a WHIP URL's query)
-into a ``NewSession``, or 400 naming the problem.
+into a ``NewSession`` (``server.session_spec``), or 400 naming the problem.
 
 The front door reads it to place the session (its size and kind decide where it fits)
 and hands the worker the typed request (``to_dict``), so the worker never reads the
@@ -9,62 +9,23 @@ The offer's SDP is the worker's to check: only the media path understands it.
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from server.config import Settings
 from server.http.errors import fail
-from server.knobs import OptionsError, check_knobs
+from server.session_spec import (
+    NewSession,
+    OptionsError,
+    RoomRequest,
+    SessionKind,
+    check_knobs,
+)
 
 SESSION_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 VIEWER_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")
-
-
-class SessionKind(enum.Enum):
-    """Where a session's driving speech comes from, which its route decides."""
-
-    PEER = "peer"  # POST /offer: the offering peer's microphone
-    HOSTED = "hosted"  # POST /sessions: speech an application pushes
-    ROOM = "room"  # POST /sessions with "janus": a participant in an SFU's room
-    PUBLISHER = "publisher"  # POST /whip: a WHIP publisher's audio
-
-
-@dataclass(frozen=True)
-class RoomRequest:
-    """What a session asks of its room: which, whom to listen to, how to appear."""
-
-    room: int | str
-    listen_to: str
-    display: str = "Avatar"
-    pin: str | None = None
-
-
-@dataclass(frozen=True)
-class NewSession:
-    kind: SessionKind
-    avatar: str | None  # None: the default avatar
-    size: int
-    options: dict[str, float]  # the knobs asked for; the settings' defaults fill the rest
-    motion_only: bool = False
-    record: bool = False
-    #: A hosted or room session's stable name and viewer token, chosen by its creator so a
-    #: kiosk's URL outlives the session.
-    name: str | None = None
-    token: str | None = None
-    room: RoomRequest | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> NewSession:
-        room = data["room"]
-        return cls(**{**data, "kind": SessionKind(data["kind"]),
-                      "room": RoomRequest(**room) if room is not None else None})
 
 
 def _flags_and_options(raw: object, settings: Settings) -> tuple[bool, bool, dict[str, float],

@@ -25,10 +25,10 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.config import IceSettings, JanusSettings
-from server.http.new_session import RoomRequest
 from server.media.audio_ingest import decode_on_loop
 from server.media.peer import rtc_configuration, send_session
 from server.media.session import Session
+from server.session_spec import RoomRequest
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ class RoomPresence:
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
-            self.session.set_state(pc.connectionState)
+            self.session.peer_state(pc.connectionState)
             if pc.connectionState in ("failed", "closed"):
                 self.session.close_soon(f"room connection {pc.connectionState}")
 
@@ -318,7 +318,7 @@ class RoomPresence:
         def on_track(track: MediaStreamTrack) -> None:
             if track.kind == "audio":
                 decode_on_loop(pc, track)
-                self.session.add_audio_source(track)
+                self.session.add_audio_track(track)
 
         body: dict[str, Any] = {"request": "join", "ptype": "subscriber",
                                 "room": self.request.room,

@@ -7,6 +7,7 @@ video and the delayed audio back. ICE is gathered fully before the answer (no tr
 from __future__ import annotations
 
 import asyncio
+import enum
 import ipaddress
 import logging
 import re
@@ -235,22 +236,35 @@ def with_ptime(sdp: str, ms: int) -> str:
     return re.sub(r"(m=audio [^\r\n]*\r?\n)", rf"\g<1>a=ptime:{ms}\r\n", sdp)
 
 
+class PeerRole(enum.Enum):
+    """What a peer is to its session."""
+
+    PEER = "peer"  # the offering peer: its audio drives the session, it gets the avatar back
+    PUBLISHER = "publisher"  # a WHIP publisher: its audio drives the session, it gets nothing
+    VIEWER = "viewer"  # it watches: it gets the avatar, and what it may send is not heard
+
+    @property
+    def drives(self) -> bool:
+        return self is not PeerRole.VIEWER
+
+
 async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: str,
-                       on_gone: Callable[[str], object], publisher: bool = False,
+                       on_gone: Callable[[str], object], role: PeerRole,
                        audio_packet_ms: int) -> tuple[RTCPeerConnection, str]:
-    """Answer an offer for ``session``: its audio feeds the session, its receivers get a
-    fresh pair of viewer tracks (a ``publisher``, which only sends, gets none).
-    ``on_gone(reason)`` is called when the peer leaves. Returns the connection and the
-    answer, which asks for ``audio_packet_ms`` of audio a packet (``with_ptime``)."""
+    """Answer an offer for ``session``: the audio of a peer that drives it feeds the
+    session, and its connection's state is the session's; every receiver but a
+    publisher's gets a fresh pair of viewer tracks. ``on_gone(reason)`` is called when the
+    peer leaves. Returns the connection and the answer, which asks for
+    ``audio_packet_ms`` of audio a packet (``with_ptime``)."""
     pc = RTCPeerConnection(rtc_configuration(ice))
 
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
+        if track.kind == "audio" and role.drives:
             decode_on_loop(pc, track)
-            session.add_audio_source(track)
-        else:  # a publisher's camera, say: read and dropped, or aiortc would queue it all
-            asyncio.get_running_loop().create_task(_drain(track))
+            session.add_audio_track(track)
+        else:  # a publisher's camera, a viewer's microphone: read and dropped, or aiortc
+            asyncio.get_running_loop().create_task(_drain(track))  # would queue it all
 
     @pc.on("datachannel")
     def on_datachannel(channel: RTCDataChannel) -> None:
@@ -264,7 +278,8 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
     @pc.on("connectionstatechange")
     async def on_state() -> None:
         state = pc.connectionState
-        session.set_state(state)
+        if role.drives:
+            session.peer_state(state)
         if state in ("failed", "closed"):
             for track in tracks:  # this peer's; the session may have others
                 track.stop()
@@ -276,7 +291,7 @@ async def answer_offer(session: Session, sdp: str, *, ice: IceSettings, codec: s
                  session.id, dropped)
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        if publisher:  # its audio only: a camera it offers is declined, not decoded
+        if role is PeerRole.PUBLISHER:  # its audio only: a camera it offers is declined
             for transceiver in pc.getTransceivers():
                 if transceiver.kind != "audio":
                     transceiver.direction = "inactive"

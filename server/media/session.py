@@ -1,9 +1,10 @@
-"""A session: one avatar, its audio sources, its media clock and its viewers' tracks.
+"""A session: one avatar, its audio source, its media clock and its viewers' tracks.
 
-Data flows one way: audio sources push into the ingest buffer; the session's timeline
-loop reads one 20 ms chunk per tick, keeps it for the outbound audio, turns it into
-features and, whenever a video frame's feature window is complete, submits that frame
-to the shared scheduler with its deadline. Viewer tracks read frames and chunks by
+Data flows one way: its audio source (``server.media.audio_sources``: a peer's audio
+behind the ingest buffer, or pushed speech) gives the session's timeline loop one 20 ms
+chunk per tick; the loop keeps it for the outbound audio, turns it into features and,
+whenever a video frame's feature window is complete, submits that frame to the shared
+scheduler with its deadline. Viewer tracks read frames and chunks by
 index at their clock times. The session knows nothing of batching or of SDP.
 """
 
@@ -32,13 +33,12 @@ from inference.features import FrameWindows
 from inference.scheduler import FrameResult
 from inference.service import Inference
 from server.config import SessionSettings
-from server.knobs import SessionOptions
-from server.media.audio_ingest import AudioIngest, Resampler, pump_track
+from server.media.audio_ingest import Resampler
+from server.media.audio_sources import PeerAudio, PushedSpeech, audio_source
 from server.media.clock import AUDIO_RATE, MediaClock, on_grid
 from server.media.encoding import EncodeBatches, Vp8Tuning
 from server.media.events import EventStream
 from server.media.recording import record
-from server.media.speech import SpeechQueue, Utterances
 from server.media.tracks import (
     SessionAudioTrack,
     SessionVideoTrack,
@@ -47,6 +47,7 @@ from server.media.tracks import (
     send_motion,
 )
 from server.metrics import Metrics
+from server.session_spec import SessionKind, SessionOptions
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +76,35 @@ def _percentiles_ms(values: deque[float]) -> dict[str, float | None]:
     return {f"p{q}": round(1000 * float(v), 1) for q, v in zip(qs, found, strict=True)}
 
 
+@dataclass(frozen=True)
+class SessionContext:
+    """What every session of a server shares: its settings, the model, the inference it
+    submits frames to, the metrics it counts in, and the encoders' threads and tuning."""
+
+    settings: SessionSettings
+    fps: int
+    manifest: Manifest
+    inference: Inference
+    metrics: Metrics
+    encodes: EncodeBatches
+    vp8: Vp8Tuning
+
+
 class Session:
-    def __init__(self, session_id: str, avatar: AvatarHandle, options: SessionOptions, *,
-                 settings: SessionSettings, fps: int, manifest: Manifest,
-                 inference: Inference, metrics: Metrics, motion_only: bool = False,
-                 hosted: bool = False, published: bool = False, owner: str | None = None,
-                 name: str | None = None, token: str | None = None,
-                 encodes: EncodeBatches, vp8: Vp8Tuning,
-                 max_bitrate: int = vpx.MAX_BITRATE,
+    def __init__(self, session_id: str, kind: SessionKind, avatar: AvatarHandle,
+                 options: SessionOptions, context: SessionContext, *,
+                 motion_only: bool = False, owner: str | None = None, name: str | None = None,
+                 token: str | None = None, max_bitrate: int = vpx.MAX_BITRATE,
                  grid_phase: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
+        settings, manifest, fps = context.settings, context.manifest, context.fps
         self.id = session_id
+        #: How it was made, so where its speech comes from (``audio``) and who may watch.
+        self.kind = kind
         self.owner = owner  # the API key that made it (``server.http.access``), if keys are on
-        #: Made by ``POST /sessions``: no peer of its own; speech is pushed into ``speech``,
-        #: viewers attach with ``token``, and it lives until ended or left idle.
-        self.hosted = hosted
-        #: Made by ``POST /whip`` or to join an SFU's room: a publisher's audio drives it
-        #: (as a peer's does), and viewers attach with ``token`` (as to a hosted one).
-        self.published = published
-        self.token = (token or secrets.token_urlsafe(24)) if hosted or published else None
+        #: What viewers attach with, where they may (a hosted, WHIP or room session).
+        self.token = (token or secrets.token_urlsafe(24)) if kind.watched_with_token \
+            else None
         #: A name its creator gave it, unique among live sessions: a kiosk finds it by
         #: name (and token) again after the session is made anew, across server restarts.
         self.name = name
@@ -104,7 +115,6 @@ class Session:
         self.settings = settings
         self.manifest = manifest
         self.created = time.time()
-        self.state = "ready" if hosted else "new"  # a hosted one's viewers come and go
         self.events = EventStream(self.id)
         self._next_chunk = 0
         self.close_reason: str | None = None
@@ -116,12 +126,12 @@ class Session:
                                 delay=settings.pipeline_delay_ms / 1000.0,
                                 grace=settings.frame_grace_ms / 1000.0,
                                 packet_chunks=settings.audio_packet_ms // 20)
-        self.ingest = AudioIngest(self.clock.chunk_samples, settings.jitter_ms,
-                                  settings.max_buffer_ms)
-        self.speech = Utterances(session_id, self.clock, SpeechQueue(
-            self.clock.chunk_samples, round(settings.speech_buffer_s * AUDIO_RATE)),
-            self.events, KEEP_CHUNKS)
-        self._last_active = loop.time()  # a hosted session: when it last had speech or viewers
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Where its driving speech comes from (``server.media.audio_sources``).
+        self.audio = audio_source(kind, session_id, self.clock, settings, self.events,
+                                  self._spawn, KEEP_CHUNKS)
+        inference, metrics, encodes, vp8 = (context.inference, context.metrics,
+                                            context.encodes, context.vp8)
         self._inference = inference
         self._metrics = metrics
         self._windows = FrameWindows(manifest)
@@ -135,7 +145,6 @@ class Session:
         self._video_awaiting_audio: dict[int, list[tuple[int, float]]] = {}
         self._frames: dict[int, asyncio.Future[FrameResult | None]] = {}
         self._viewers_started = False
-        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
         self._close_task: asyncio.Task[None] | None = None
         self._on_close: list[Callable[[Session], Any]] = []
@@ -152,8 +161,6 @@ class Session:
         self._max_bitrate = max_bitrate
         self._coefficients_sent = -1
         self._motion_started = False
-        self._connected_at: float | None = None
-        self._last_heard: float | None = None
         # stats
         self.frames_submitted = 0
         self.frames_dropped = 0
@@ -173,10 +180,32 @@ class Session:
     def on_close(self, callback: Callable[[Session], Any]) -> None:
         self._on_close.append(callback)
 
-    def add_audio_source(self, track: MediaStreamTrack) -> None:
-        """Feed an inbound audio track (WebRTC today; HTTP push and WHIP plug in here)."""
-        loop = asyncio.get_running_loop()
-        self._spawn(pump_track(track, self.ingest, loop.time))
+    @property
+    def state(self) -> str:
+        """Its driving peer's connection state (``ready`` for pushed speech), or closed."""
+        return "closed" if self._closed.is_set() else self.audio.state
+
+    @property
+    def pushed(self) -> PushedSpeech | None:
+        """The speech an application pushes into it, if that is where its speech comes
+        from (``POST /sessions``)."""
+        return self.audio if isinstance(self.audio, PushedSpeech) else None
+
+    def add_audio_track(self, track: MediaStreamTrack) -> None:
+        """Its driving peer's audio: the offering peer's, a WHIP publisher's, or a room
+        participant's (whose track may come and go)."""
+        if not isinstance(self.audio, PeerAudio):
+            raise TypeError(f"session {self.id} speaks pushed speech, not a peer's audio")
+        self.audio.add_track(track)
+
+    def peer_state(self, state: str) -> None:
+        """Its driving peer's connection changed state."""
+        self.audio.peer_state(state, asyncio.get_running_loop().time())
+
+    def heard_from_peer(self, at: float) -> None:
+        """A peer sent something other than media (an RTCP report): it is still there,
+        even with its microphone quiet."""
+        self.audio.heard(at)
 
     def add_coefficient_channel(self, channel: RTCDataChannel) -> None:
         """Send each fresh frame's motion coefficients on ``channel`` as the frame leaves:
@@ -221,7 +250,8 @@ class Session:
         cut = max(self.clock.chunk_index_at(now), self._next_chunk - KEEP_CHUNKS)
         for k in range(cut, self._next_chunk):
             self._chunks[k] = np.zeros(self.clock.chunk_samples, np.int16)
-        heard = self.speech.cut(cut, self._next_chunk)
+        speech = self.pushed
+        heard = speech.utterances.cut(cut, self._next_chunk) if speech is not None else []
         self._hear()  # what the features still hold back is silenced with the rest
         rate = self.manifest.features.sample_rate
         self._windows.silence_from(cut * self.clock.chunk_samples * rate // AUDIO_RATE)
@@ -233,13 +263,6 @@ class Session:
         self.events.publish({"type": "interrupted", **result})
         return result
 
-    def set_state(self, state: str) -> None:
-        if self.hosted:
-            return
-        self.state = state
-        if state == "connected" and self._connected_at is None:
-            self._connected_at = asyncio.get_running_loop().time()
-
     def close_soon(self, reason: str) -> None:
         """Close from a callback or from the session's own tasks."""
         if self._close_task is None:
@@ -250,7 +273,6 @@ class Session:
             return
         self._closed.set()
         self.close_reason = reason
-        self.state = "closed"
         log.info("session %s closed: %s", self.id, reason)
         tasks = [t for t in (self._timeline_task, *self._tasks) if t is not asyncio.current_task()]
         for task in tasks:
@@ -264,7 +286,7 @@ class Session:
         self._outbound.clear()
         if self._video is not None:
             self._video.close()
-        self.speech.close()
+        self.audio.close()
         self.events.close()
         for callback in self._on_close:
             result = callback(self)
@@ -286,7 +308,7 @@ class Session:
                 delay = due - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                reason = self._gone(loop.time())
+                reason = self.audio.gone(loop.time(), self._watched())
                 if reason:
                     self.close_soon(reason)
                     return
@@ -295,45 +317,12 @@ class Session:
         except asyncio.CancelledError:
             pass
 
-    def heard_from_peer(self, at: float) -> None:
-        """The peer sent something other than media (an RTCP report): it is still there,
-        even with its microphone quiet."""
-        self._last_heard = at
-
     def _watched(self) -> bool:
         return any(track.readyState == "live" for track in self._outbound)
 
-    def _gone(self, now: float) -> str | None:
-        """Why the peer counts as gone, if it does: it never connected within
-        ``connect_timeout_s``, or nothing at all came from it for ``peer_timeout_s``.
-        Silence alone never ends a session; the connection's own failure does that. A
-        hosted session has no peer: it goes after ``unattended_timeout_s`` with no speech
-        queued and no viewer."""
-        if self.hosted:
-            if self.speech.queue.queued or self._watched():
-                self._last_active = now
-            elif now - self._last_active > self.settings.unattended_timeout_s:
-                return "idle: no speech and no viewer"
-            return None
-        if self._connected_at is None:
-            if now - self.clock.origin > self.settings.connect_timeout_s:
-                return "never connected"
-            return None
-        heard = max(t for t in (self.ingest.last_push, self._last_heard, self._connected_at)
-                    if t is not None)
-        if now - heard > self.settings.peer_timeout_s:
-            return "peer timeout: nothing received"
-        return None
-
     def _advance(self, k: int) -> None:
         self._next_chunk = k + 1
-        if self.hosted:  # pushed speech plays as it is queued: no network clock to follow
-            pushed = self.speech.take(k)
-            samples = np.zeros(self.clock.chunk_samples, np.int16) if pushed is None \
-                else pushed
-            arrival: float | None = asyncio.get_running_loop().time()
-        else:
-            samples, arrival = self.ingest.read()
+        samples, arrival = self.audio.next_chunk(k, asyncio.get_running_loop().time())
         self._chunks[k] = samples
         self._chunks.pop(k - KEEP_CHUNKS, None)
         if arrival is not None:
@@ -505,18 +494,7 @@ class Session:
             # Over the last 500 frames (20 s at 25 fps).
             "pipeline_delay_ms": _percentiles_ms(self._pipeline_delays),
             "av_offset_ms": _percentiles_ms(self._av_offsets),
-            "audio": {"buffer_ms": round(1000 * self.ingest.level / AUDIO_RATE, 1),
-                      "underruns": self.ingest.stats.underruns,
-                      "dropped_ms": round(1000 * self.ingest.stats.dropped_samples
-                                          / AUDIO_RATE, 1),
-                      # Played faster (spliced out) or slower (spliced in) to keep the
-                      # buffer at its target: server/audio_ingest.py.
-                      "removed_ms": round(1000 * self.ingest.stats.removed_samples
-                                          / AUDIO_RATE, 1),
-                      "repeated_ms": round(1000 * self.ingest.stats.repeated_samples
-                                           / AUDIO_RATE, 1),
-                      "received_s": round(self.ingest.stats.received_samples
-                                          / AUDIO_RATE, 2)},
+            "audio": self.audio.stats(),
             "coefficients": coefficients,
         }
 
@@ -531,7 +509,8 @@ class Session:
             # What viewers attach with, shown to whoever may drive the session (a WHIP
             # publisher's operator learns it here: the encoder keeps the answer's headers).
             "token": self.token,
-            "published": self.published,
+            "kind": self.kind.value,
+            "published": self.kind in (SessionKind.ROOM, SessionKind.PUBLISHER),
             "recording": self.recording.name if self.recording else None,
             "room": self.room() if self.room else None,
             "created": self.created,

@@ -17,12 +17,12 @@ from inference.engine import NO_PICTURE, Manifest
 from inference.service import Inference
 from server.config import Settings
 from server.costs import media_cost
-from server.knobs import SessionOptions
 from server.load import SETTLED_S
-from server.media.avatars import AvatarStore
+from server.media.avatars import DEFAULT_AVATAR, AvatarStore
 from server.media.encoding import EncodeBatches, vp8_tuning
-from server.media.session import Session
+from server.media.session import Session, SessionContext
 from server.metrics import Metrics
+from server.session_spec import NewSession, SessionOptions
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class SessionManager:
         self._peers: dict[str, dict[str, RTCPeerConnection]] = {}
         self._reserved: list[tuple[int, bool]] = []  # (size, motion-only) being created
         self.encodes = EncodeBatches()  # every session's video encodes, a batch a hand-off
+        self.context = SessionContext(settings.session, settings.video.fps, manifest,
+                                      inference, metrics, self.encodes,
+                                      vp8_tuning(settings.video))
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -125,13 +128,12 @@ class SessionManager:
              ) -> list[dict[str, Any]]:
         return [s.describe() for s in self._sessions.values() if visible(s)]
 
-    async def create(self, avatar_id: str, size: int, options: SessionOptions, *,
-                     motion_only: bool = False, hosted: bool = False,
-                     published: bool = False, record: bool = False,
-                     owner: str | None = None, name: str | None = None,
-                     token: str | None = None) -> Session:
-        """A new session on ``avatar_id`` (raises ``UnknownAvatar``, ``AtCapacity``,
-        ``NameTaken``)."""
+    async def create(self, spec: NewSession, owner: str | None = None) -> Session:
+        """The session ``spec`` asks for, made for ``owner`` (raises ``UnknownAvatar``,
+        ``AtCapacity``, ``NameTaken``)."""
+        avatar_id, size, motion_only, name = (spec.avatar or DEFAULT_AVATAR, spec.size,
+                                              spec.motion_only, spec.name)
+        self.avatars.get(avatar_id, owner)  # another key's private portrait is not there
         if name is not None and self.named(name) is not None:
             raise NameTaken(f"a live session is already called {name!r}")
         limits = self.settings.session
@@ -154,18 +156,15 @@ class SessionManager:
         if name is not None and self.named(name) is not None:  # made while we waited
             self.avatars.release(handle)
             raise NameTaken(f"a live session is already called {name!r}")
-        session = Session(self.id_prefix + uuid.uuid4().hex, handle, options,
-                          settings=self.settings.session, fps=self.settings.video.fps,
-                          manifest=self.manifest, inference=self.inference,
-                          metrics=self.metrics, motion_only=motion_only, hosted=hosted,
-                          published=published, owner=owner, name=name, token=token,
-                          encodes=self.encodes,
-                          vp8=vp8_tuning(self.settings.video),
-                          max_bitrate=self.settings.video.max_bitrate(size),
+        options = SessionOptions(self.settings.session.knob_defaults())
+        options.values.update(spec.options)
+        session = Session(self.id_prefix + uuid.uuid4().hex, spec.kind, handle, options,
+                          self.context, motion_only=motion_only, owner=owner, name=name,
+                          token=spec.token, max_bitrate=self.settings.video.max_bitrate(size),
                           grid_phase=self._quietest_phase(size, motion_only))
         self._sessions[session.id] = session
         self._peers[session.id] = {}
-        if record:
+        if spec.record:
             folder = Path(self.settings.session.recording_dir)
             folder.mkdir(parents=True, exist_ok=True)
             session.record(folder / f"{session.id}.mp4")

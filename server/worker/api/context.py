@@ -8,6 +8,7 @@ from aiohttp import web
 from server.http.app_keys import access_key
 from server.http.errors import fail
 from server.media.session import Session
+from server.media.speech import Utterances
 from server.worker.state import ServerState, state_key
 
 
@@ -37,3 +38,13 @@ def live_session(request: web.Request, session_id: object) -> Session:
     if session is None:
         fail(404, "unknown_session", f"no live session {session_id!r}")
     return session
+
+
+def pushed_speech(session: Session) -> Utterances:
+    """The speech queue of a session an application drives; 409 for one whose speech comes
+    from a peer (its microphone, a WHIP publisher, a room's participant)."""
+    speech = session.pushed
+    if speech is None:
+        fail(409, "not_hosted", "speech is pushed only into a session made by POST /sessions; "
+             "this one speaks with its peer's audio")
+    return speech.utterances

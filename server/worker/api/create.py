@@ -18,13 +18,12 @@ from aiortc import RTCPeerConnection
 from server.http.bodies import json_body
 from server.http.common import SDP
 from server.http.errors import at_capacity, fail
-from server.http.new_session import NewSession, SessionKind
 from server.integrations.janus import JanusError, RoomPresence
-from server.knobs import SessionOptions
-from server.media.avatars import DEFAULT_AVATAR, UnknownAvatar
-from server.media.peer import OfferError, answer_offer, check_offer
+from server.media.avatars import UnknownAvatar
+from server.media.peer import OfferError, PeerRole, answer_offer, check_offer
 from server.media.session import Session
 from server.media.sessions import AtCapacity, NameTaken
+from server.session_spec import NewSession, SessionKind
 from server.worker.api.context import caller, state
 from server.worker.state import ServerState
 
@@ -60,7 +59,8 @@ async def make(s: ServerState, spec: NewSession, owner: str | None,
                                            "viewer_offer": "/offer",
                                            "viewer_page": viewer_page(session)}}, status=201)
     assert sdp is not None
-    answer, _ = await connect_peer(s, session, sdp, publisher=spec.kind is SessionKind.PUBLISHER)
+    answer, _ = await connect_peer(s, session, sdp, PeerRole.PUBLISHER
+                                   if spec.kind is SessionKind.PUBLISHER else PeerRole.PEER)
     if spec.kind is SessionKind.PEER:
         return web.json_response({"sdp": answer, "type": "answer", "session_id": session.id})
     return web.Response(status=201, text=answer, content_type=SDP,
@@ -81,18 +81,10 @@ async def placed(request: web.Request) -> web.Response:
 
 
 async def _created(s: ServerState, spec: NewSession, owner: str | None) -> Session:
-    avatar = spec.avatar or DEFAULT_AVATAR
-    options = SessionOptions(s.settings.session.knob_defaults())
-    options.values.update(spec.options)
     try:
-        s.avatars.get(avatar, owner)  # another key's private portrait is not there
-        return await s.sessions.create(
-            avatar, spec.size, options, motion_only=spec.motion_only, record=spec.record,
-            hosted=spec.kind is SessionKind.HOSTED,
-            published=spec.kind in (SessionKind.ROOM, SessionKind.PUBLISHER),
-            owner=owner, name=spec.name, token=spec.token)
+        return await s.sessions.create(spec, owner)
     except UnknownAvatar:
-        fail(404, "unknown_avatar", f"no avatar {avatar!r}; GET /avatars lists them")
+        fail(404, "unknown_avatar", f"no avatar {spec.avatar!r}; GET /avatars lists them")
     except AtCapacity as exc:
         at_capacity(str(exc))
     except NameTaken as exc:
@@ -124,13 +116,14 @@ async def _join_room(s: ServerState, session: Session, spec: NewSession) -> web.
                                        "viewer_page": viewer_page(session)}}, status=201)
 
 
-async def connect_peer(s: ServerState, session: Session, sdp: str, *, viewer: bool = False,
-                       publisher: bool = False) -> tuple[str, str]:
+async def connect_peer(s: ServerState, session: Session, sdp: str, role: PeerRole
+                       ) -> tuple[str, str]:
     """Answer a WebRTC offer for ``session`` (``server.media.peer.answer_offer``) and keep
     the connection with the session: the answer, and the id the connection is known by.
-    The offering peer or publisher leaving ends the session; a ``viewer`` leaving ends only
-    its own connection. An offer that cannot be answered is 400, and a session made for it
-    is closed."""
+    A peer that drives the session leaving ends it; a viewer leaving ends only its own
+    connection. An offer that cannot be answered is 400, and a session made for a peer
+    that drives it is closed."""
+    viewer = not role.drives
     pc: RTCPeerConnection | None = None
     peer_id = ""
 
@@ -146,12 +139,11 @@ async def connect_peer(s: ServerState, session: Session, sdp: str, *, viewer: bo
     try:
         pc, answer = await answer_offer(
             session, sdp, ice=s.settings.ice, codec=s.settings.video.codec, on_gone=gone,
-            publisher=publisher, audio_packet_ms=s.settings.session.audio_packet_ms)
+            role=role, audio_packet_ms=s.settings.session.audio_packet_ms)
     except Exception as exc:
         if not viewer:
             await session.close("offer rejected")
-        log.info("%s offer rejected: %s", "viewer" if viewer else "publisher" if publisher
-                 else "peer", exc)
+        log.info("%s offer rejected: %s", role.value, exc)
         fail(400, "bad_offer", f"the offer could not be answered: {exc}")
     peer_id = s.sessions.add_peer(session, pc)
     return answer, peer_id

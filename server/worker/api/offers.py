@@ -10,9 +10,10 @@ from aiohttp import web
 
 from server.http.bodies import json_body
 from server.http.errors import fail
-from server.http.new_session import SessionKind, parse_new_session
-from server.media.peer import OfferError, check_offer
+from server.http.new_session import parse_new_session
+from server.media.peer import OfferError, PeerRole, check_offer
 from server.media.session import Session
+from server.session_spec import SessionKind
 from server.worker.api.context import caller, live_session, state
 from server.worker.api.create import connect_peer, make
 from server.worker.state import ServerState
@@ -43,7 +44,7 @@ async def answer_viewer(s: ServerState, session: Session, token: object, sdp: ob
         checked = check_offer(sdp, kind, motion_only=session.motion_only, viewer=True)
     except OfferError as exc:
         fail(400, exc.code, str(exc))
-    return await connect_peer(s, session, checked, viewer=True)
+    return await connect_peer(s, session, checked, PeerRole.VIEWER)
 
 
 HANDLERS: dict[str, Any] = {"offer": offer}

@@ -12,7 +12,7 @@ from server.http.app_keys import access_key
 from server.http.bodies import json_body
 from server.http.errors import fail
 from server.http.new_session import new_session_kind, parse_new_session
-from server.knobs import OptionsError
+from server.session_spec import OptionsError
 from server.worker.api.context import caller, held_session, state
 from server.worker.api.create import make
 

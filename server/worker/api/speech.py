@@ -10,7 +10,7 @@ from aiohttp import web
 
 from server.http.errors import fail
 from server.media.speech import SpeechDecoder, SpeechError
-from server.worker.api.context import held_session, state
+from server.worker.api.context import held_session, pushed_speech, state
 from server.worker.api.events import KEEPALIVE_S
 from server.worker.api.speech_socket import SpeechSocket
 
@@ -20,15 +20,13 @@ async def push_speech(request: web.Request) -> web.Response:
     a producer running more than ``session.speech_buffer_s`` ahead is read no faster."""
     s = state(request)
     session = held_session(request)
-    if not session.hosted:
-        fail(409, "not_hosted", "speech is pushed only into a session made by POST "
-             "/sessions; this one speaks with its peer's microphone")
+    speech = pushed_speech(session)
     try:
         decoder = SpeechDecoder(request.headers.get("Content-Type", ""))
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
     limit, received, queued = s.settings.http.max_body_bytes, 0, 0
-    utterance, generation = session.speech.next_id(), session.speech.queue.generation
+    utterance, generation = speech.next_id(), speech.queue.generation
     try:
         while True:
             data = await asyncio.wait_for(request.content.readany(),
@@ -41,14 +39,14 @@ async def push_speech(request: web.Request) -> web.Response:
                      "send a long text as several utterances")
             samples = decoder.feed(data)
             queued += samples.size
-            if not await session.speech.queue.put(samples, utterance, generation):
+            if not await speech.queue.put(samples, utterance, generation):
                 if session.is_closed:
                     fail(410, "session_ended", f"session {session.id} ended while its "
                          "speech was arriving")
                 return web.json_response({"utterance_id": utterance, "session_id": session.id,
                                           "interrupted": True})
         decoder.finish()
-        session.speech.complete(utterance, queued)
+        speech.complete(utterance, queued)
     except SpeechError as exc:
         fail(exc.status, exc.code, str(exc))
     except TimeoutError:
@@ -64,19 +62,17 @@ async def push_speech(request: web.Request) -> web.Response:
 async def interrupt(request: web.Request) -> web.Response:
     """Barge-in: the avatar stops speaking now (``Session.interrupt``)."""
     session = held_session(request)
-    if not session.hosted:
-        fail(409, "not_hosted", "only a session made by POST /sessions speaks pushed speech")
+    pushed_speech(session)
     return web.json_response(session.interrupt())
 
 
 async def session_socket(request: web.Request) -> web.WebSocketResponse:
     """Speech and barge-in over one connection, events back (``SpeechSocket``)."""
     session = held_session(request)
-    if not session.hosted:
-        fail(409, "not_hosted", "speech is pushed only into a session made by POST /sessions")
+    speech = pushed_speech(session)
     ws = web.WebSocketResponse(heartbeat=KEEPALIVE_S, max_msg_size=1 << 20)
     await ws.prepare(request)
-    await SpeechSocket(session, ws, state(request).settings.http.max_body_bytes).serve()
+    await SpeechSocket(session, speech, ws, state(request).settings.http.max_body_bytes).serve()
     return ws
 
 

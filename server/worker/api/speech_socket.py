@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from server.media.session import Session
-from server.media.speech import SpeechDecoder, SpeechError
+from server.media.speech import SpeechDecoder, SpeechError, Utterances
 
 
 class SpeechSocket:
@@ -21,8 +21,9 @@ class SpeechSocket:
     ``utterance_queued`` and ``error`` answers. Audio is read no faster than the speech
     queue takes it, so a producer far ahead is held back by TCP."""
 
-    def __init__(self, session: Session, ws: web.WebSocketResponse, limit: int) -> None:
-        self.session, self.ws, self.limit = session, ws, limit
+    def __init__(self, session: Session, speech: Utterances, ws: web.WebSocketResponse,
+                 limit: int) -> None:
+        self.session, self.speech, self.ws, self.limit = session, speech, ws, limit
         self.decoder: SpeechDecoder | None = None
         self.utterance, self.generation, self.queued, self.received = "", 0, 0, 0
         self.cut = False  # the open utterance was interrupted: its audio is let go
@@ -38,7 +39,7 @@ class SpeechSocket:
                     await self._command(message.data)
         finally:
             if self.decoder is not None and not self.cut:  # gone mid-utterance: what
-                self.session.speech.complete(self.utterance, self.queued)  # came plays
+                self.speech.complete(self.utterance, self.queued)  # came plays
             forward.cancel()
             self.session.events.unsubscribe(events)
 
@@ -63,8 +64,8 @@ class SpeechSocket:
                 self.decoder = SpeechDecoder(str(command.get("content_type", "")))
             except SpeechError as exc:
                 return await self._error(exc.code, str(exc))
-            self.utterance = self.session.speech.next_id()
-            self.generation, self.queued, self.received = self.session.speech.queue.generation, 0, 0
+            self.utterance = self.speech.next_id()
+            self.generation, self.queued, self.received = self.speech.queue.generation, 0, 0
             self.cut = False
             await self.ws.send_json({"type": "utterance_opened",
                                      "utterance_id": self.utterance})
@@ -77,7 +78,7 @@ class SpeechSocket:
                     decoder.finish()
                 except SpeechError as exc:
                     await self._error(exc.code, str(exc))
-                self.session.speech.complete(self.utterance, self.queued)
+                self.speech.complete(self.utterance, self.queued)
             await self.ws.send_json({"type": "utterance_queued", "utterance_id": self.utterance,
                                      "interrupted": self.cut,
                                      "samples": decoder.samples_in,
@@ -105,5 +106,5 @@ class SpeechSocket:
             self.decoder = None
             return await self._error(exc.code, str(exc))
         self.queued += samples.size
-        if not await self.session.speech.queue.put(samples, self.utterance, self.generation):
+        if not await self.speech.queue.put(samples, self.utterance, self.generation):
             self.cut = True  # interrupted: the rest of this utterance is not played

@@ -12,6 +12,7 @@ from server.http.bodies import read_body
 from server.http.common import SDP
 from server.http.errors import fail
 from server.http.new_session import parse_whip_query
+from server.session_spec import SessionKind
 from server.worker.api.context import caller, held_session, live_session, state
 from server.worker.api.create import make
 from server.worker.api.offers import answer_viewer
@@ -39,7 +40,7 @@ async def whip_publish(request: web.Request) -> web.Response:
 
 async def whip_end(request: web.Request) -> web.Response:
     session = held_session(request)
-    if not session.published:
+    if session.kind is not SessionKind.PUBLISHER:
         fail(404, "unknown_session", f"{session.id} is not a WHIP session")
     await session.close("publisher hung up")
     return web.Response(status=200)
