@@ -5,7 +5,8 @@ talking. It prints the session's events, and how much of the cut sentence was he
 With ``--listen SECONDS`` it then says whatever viewers type into the web page's text box
 (a ``viewer_message`` event), each request cutting off the one before.
 
-Watch it with any viewer of the session, e.g. the web page or the reference client:
+Watch it with any viewer of the session, e.g. the web page or the reference client
+(espeak-ng speaks: apt-get install espeak-ng; pip install -e '.[examples]'):
 
     python -m server &                                  # the server, on loopback
     python -m examples.agent http://127.0.0.1:8080 --listen 300   # prints the viewer URL
@@ -104,12 +105,13 @@ async def run(url: str, *, wait_s: float = 3.0, cut_after_s: float = 2.0,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
+    parser = argparse.ArgumentParser(prog="python -m examples.agent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
     parser.add_argument("--wait", type=float, default=3.0, help="seconds before speaking")
     parser.add_argument("--listen", type=float, default=0.0, metavar="SECONDS",
                         help="then say what viewers type on the web page, for this long")
-    parser.add_argument("--api-key")
+    parser.add_argument("--api-key", help="one of the server's http.api_keys, if it has any")
     args = parser.parse_args()
     asyncio.run(run(args.url, wait_s=args.wait, listen_s=args.listen, api_key=args.api_key))
 

@@ -71,10 +71,11 @@ async def run(url: str, *, wait_s: float = 3.0, cut_after_s: float = 2.0,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
+    parser = argparse.ArgumentParser(prog="python -m examples.pipecat_agent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
     parser.add_argument("--wait", type=float, default=3.0, help="seconds before speaking")
-    parser.add_argument("--api-key")
+    parser.add_argument("--api-key", help="one of the server's http.api_keys, if it has any")
     args = parser.parse_args()
     answer = asyncio.run(run(args.url, wait_s=args.wait, api_key=args.api_key))
     for cut in (answer or {}).get("interrupted", []):

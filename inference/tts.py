@@ -28,7 +28,6 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from scipy.signal import resample_poly
 
 from inference.engine import FeatureSpec
 
@@ -63,6 +62,11 @@ def resample(audio: np.ndarray, rate: int, to: int = SAMPLE_RATE) -> np.ndarray:
     """Polyphase resampling of mono float audio from ``rate`` to ``to``."""
     if rate == to:
         return audio.astype(np.float32)
+    try:
+        from scipy.signal import resample_poly  # only where speech is made, not to serve
+    except ImportError:
+        raise SpeechUnavailable("making speech here needs scipy: pip install -e "
+                                "'.[examples]'") from None
     g = np.gcd(rate, to)
     return resample_poly(audio, to // g, rate // g).astype(np.float32)
 

@@ -148,20 +148,22 @@ async def test_nobody_watching_a_hosted_session_costs_no_frames_and_a_viewer_get
         await session.close("test over")
 
 
-async def test_a_barge_in_drops_queued_speech_and_says_how_much_was_heard():
+async def test_a_barge_in_drops_queued_speech_and_says_how_much_was_heard_in_its_own_units():
     sessions, _ = await _manager()
     session = await sessions.create(_spec(SessionKind.HOSTED))
     try:
         speech = session.pushed
         assert speech is not None
         utterance = speech.utterances.next_id()
+        speech.utterances.sent_at(utterance, 16000)  # as its upload was: in its own samples
         long = np.full(4 * AUDIO_RATE, 2000, np.int16)
         put = asyncio.create_task(speech.utterances.queue.put(long, utterance, 0))
         await asyncio.sleep(0.6)
         cut = session.interrupt()
         (heard,) = cut["interrupted"]
         assert heard["utterance_id"] == utterance
-        assert 0 < heard["heard_samples"] < long.size
+        assert 0 < heard["heard_s"] < 4 and heard["rate"] == 16000
+        assert heard["heard_samples"] == pytest.approx(heard["heard_s"] * 16000, abs=16)
         assert speech.utterances.queue.queued == 0
         assert await put  # everything it gave was taken: it had all been queued
     finally:

@@ -64,7 +64,8 @@ async def place(request: web.Request, spec: NewSession, offer: dict[str, Any] | 
     """The session ``spec`` asks for, made on the worker placement picks; 503 with
     ``Retry-After`` where no worker has room, or while the server calibrates."""
     door = _door(request)
-    if door.calibration.running and not door.calibration.is_own_peer(request):
+    calibrating = door.calibration.running and door.calibration.is_own_peer(request)
+    if door.calibration.running and not calibrating:
         at_capacity("the server is measuring what a session costs on this host before it "
                     "takes sessions; retry in a few seconds", error="calibrating")
     try:
@@ -72,7 +73,8 @@ async def place(request: web.Request, spec: NewSession, offer: dict[str, Any] | 
             try:
                 response = relayed(*await worker.request(
                     "POST", "/internal/sessions", json={"session": spec.to_dict(),
-                                                        "offer": offer},
+                                                        "offer": offer,
+                                                        "calibration": calibrating},
                     headers=credentials(request)))
             except OSError as exc:
                 fail(502, "worker_unavailable", f"{worker.name} did not answer: {exc}")

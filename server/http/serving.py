@@ -1,16 +1,20 @@
 """Serving an aiohttp application the way this server faces its clients: every error in
 the API's JSON shape, even those aiohttp answers before any handler runs (a malformed
-request line, a header over the size limits), and no connection held open by a client
-that sends nothing, or its headers a byte at a time."""
+request line, a header over the size limits), no connection held open by a client that
+sends nothing, or its headers a byte at a time, and no access log line for each health
+poll. The port is taken before anything starts: a port in use is one line, not a trace."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import sys
 from collections.abc import Callable
 from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler
 
 from inference.child_process import run_event_loop
@@ -56,21 +60,60 @@ class JsonErrorAppRunner(web.AppRunner):
         return server
 
 
+#: Routes polled by load balancers and monitors, logged only when they fail.
+POLLED = frozenset({"/healthz", "/metrics"})
+
+
+class PollsUnloggedAccessLogger(AccessLogger):
+    """aiohttp's access log, less the health and metrics polls that succeed (one a second
+    from a load balancer would drown everything else)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse,
+            time: float) -> None:
+        if request.path in POLLED and response.status < 400:
+            return
+        super().log(request, response, time)
+
+
 def runner_for(app: web.Application, settings: HttpSettings,
                **kwargs: object) -> JsonErrorAppRunner:
     """A runner whose connections answer errors in JSON and close after
     ``settings.idle_timeout_s`` without a request in progress. aiohttp's keep-alive timer
     starts when a connection opens and again after each answer, so it also bounds how long
     a request's headers may take to arrive."""
-    return JsonErrorAppRunner(app, keepalive_timeout=settings.idle_timeout_s, **kwargs)
+    return JsonErrorAppRunner(app, keepalive_timeout=settings.idle_timeout_s,
+                              access_log_class=PollsUnloggedAccessLogger, **kwargs)
 
 
-async def _serve(app: web.Application, settings: HttpSettings,
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound and listening on every address ``host`` names (``localhost`` may name
+    two), as aiohttp would bind them; ``OSError`` if the port is taken."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(128)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+async def _serve(app: web.Application, settings: HttpSettings, sockets: list[socket.socket],
                  on_serving: Callable[[], None]) -> None:
     runner = runner_for(app, settings, handle_signals=True)
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        for sock in sockets:
+            await web.SockSite(runner, sock).start()
         on_serving()
         await asyncio.Event().wait()  # until SIGINT or SIGTERM
     finally:
@@ -79,8 +122,16 @@ async def _serve(app: web.Application, settings: HttpSettings,
 
 def serve(app: web.Application, settings: HttpSettings,
           on_serving: Callable[[], None] = lambda: None) -> None:
-    """Serve ``app`` on ``settings.host:port`` until SIGINT or SIGTERM, then clean it up."""
+    """Serve ``app`` on ``settings.host:port`` until SIGINT or SIGTERM, then clean it up.
+    The port is taken first: one that cannot be ends the process with a line saying so,
+    before any worker or engine starts."""
     try:
-        run_event_loop(_serve(app, settings, on_serving))
+        sockets = listening_sockets(settings.host, settings.port)
+    except OSError as exc:
+        log.error("cannot listen on %s port %d: %s (is another server there? choose "
+                  "another with --port)", settings.host, settings.port, exc.strerror or exc)
+        sys.exit(1)
+    try:
+        run_event_loop(_serve(app, settings, sockets, on_serving))
     except (web.GracefulExit, KeyboardInterrupt):
         pass

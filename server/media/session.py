@@ -95,7 +95,8 @@ class Session:
                  options: SessionOptions, context: SessionContext, *,
                  motion_only: bool = False, owner: str | None = None, name: str | None = None,
                  token: str | None = None, max_bitrate: int = vpx.MAX_BITRATE,
-                 grid_phase: tuple[int, int] | None = None) -> None:
+                 grid_phase: tuple[int, int] | None = None, calibration: bool = False
+                 ) -> None:
         loop = asyncio.get_running_loop()
         settings, manifest, fps = context.settings, context.manifest, context.fps
         self.id = session_id
@@ -110,6 +111,9 @@ class Session:
         self.name = name
         #: No video: each frame's coefficients on the data channel, and the audio back.
         self.motion_only = motion_only
+        #: One of the sessions the front door runs against itself at start-up to measure
+        #: what a session costs: no client's, so its end is no news.
+        self.calibration = calibration
         self.avatar = avatar
         self.options = options
         self.settings = settings
@@ -273,7 +277,8 @@ class Session:
             return
         self._closed.set()
         self.close_reason = reason
-        log.info("session %s closed: %s", self.id, reason)
+        (log.debug if self.calibration else log.info)("session %s closed: %s", self.id,
+                                                      reason)
         tasks = [t for t in (self._timeline_task, *self._tasks) if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()

@@ -128,9 +128,11 @@ class SessionManager:
              ) -> list[dict[str, Any]]:
         return [s.describe() for s in self._sessions.values() if visible(s)]
 
-    async def create(self, spec: NewSession, owner: str | None = None) -> Session:
+    async def create(self, spec: NewSession, owner: str | None = None, *,
+                     calibration: bool = False) -> Session:
         """The session ``spec`` asks for, made for ``owner`` (raises ``UnknownAvatar``,
-        ``AtCapacity``, ``NameTaken``)."""
+        ``AtCapacity``, ``NameTaken``); ``calibration``: one the front door runs against
+        itself at start-up."""
         avatar_id, size, motion_only, name = (spec.avatar or DEFAULT_AVATAR, spec.size,
                                               spec.motion_only, spec.name)
         self.avatars.get(avatar_id, owner)  # another key's private portrait is not there
@@ -161,7 +163,8 @@ class SessionManager:
         session = Session(self.id_prefix + uuid.uuid4().hex, spec.kind, handle, options,
                           self.context, motion_only=motion_only, owner=owner, name=name,
                           token=spec.token, max_bitrate=self.settings.video.max_bitrate(size),
-                          grid_phase=self._quietest_phase(size, motion_only))
+                          grid_phase=self._quietest_phase(size, motion_only),
+                          calibration=calibration)
         self._sessions[session.id] = session
         self._peers[session.id] = {}
         if spec.record:

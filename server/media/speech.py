@@ -216,7 +216,12 @@ class Utterances:
         self._played: dict[str, int] = {}  # utterance -> samples the timeline took
         self._last_chunk: dict[str, int] = {}  # utterance -> the last chunk it is in
         self._totals: dict[str, int] = {}  # utterance -> samples in all, once all arrived
+        self._rates: dict[str, int] = {}  # utterance -> the rate it was sent at
         self._timers: dict[str, list[asyncio.TimerHandle]] = {}  # its events still to come
+
+    def sent_at(self, utterance: str, rate: int) -> None:
+        """``utterance`` arrives at ``rate`` Hz: what is said of it counts its samples so."""
+        self._rates[utterance] = rate
 
     def next_id(self) -> str:
         """A name for the next utterance, in the order they play."""
@@ -249,8 +254,9 @@ class Utterances:
 
     def cut(self, first: int, end: int) -> list[dict[str, Any]]:
         """Barge-in from chunk ``first`` (chunks up to ``end`` are on the timeline, unsent):
-        the queue emptied, and for each utterance cut, how much of it was heard. Cut ones
-        are never "ended"; "started" only if their sound left before the cut."""
+        the queue emptied, and for each utterance cut, how much of it was heard, in seconds
+        and in its own samples (at the rate it was sent, as its upload was counted). Cut
+        ones are never "ended"; "started" only if their sound left before the cut."""
         queued = self.queue.clear()
         unsent: dict[str, int] = {}
         for k in range(first, end):
@@ -258,9 +264,11 @@ class Utterances:
                 unsent[utterance] = unsent.get(utterance, 0) + n
         heard = []
         for utterance in dict.fromkeys([*unsent, *queued]):
-            samples = self._played.get(utterance, 0) - unsent.get(utterance, 0)
-            heard.append({"utterance_id": utterance, "heard_samples": samples,
-                          "heard_s": round(samples / AUDIO_RATE, 3)})
+            played = self._played.get(utterance, 0) - unsent.get(utterance, 0)
+            rate = self._rates.get(utterance, AUDIO_RATE)
+            heard.append({"utterance_id": utterance,
+                          "heard_samples": played * rate // AUDIO_RATE, "rate": rate,
+                          "heard_s": round(played / AUDIO_RATE, 3)})
             for timer in self._timers.pop(utterance, ()):
                 timer.cancel()
             self._forget(utterance)
@@ -280,7 +288,7 @@ class Utterances:
             self._announce("utterance_ended", utterance, self._last_chunk[utterance] + 1)
 
     def _forget(self, utterance: str) -> None:
-        for table in (self._totals, self._played, self._last_chunk):
+        for table in (self._totals, self._played, self._last_chunk, self._rates):
             table.pop(utterance, None)
 
     def _announce(self, kind: str, utterance: str, k: int) -> None:

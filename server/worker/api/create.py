@@ -36,10 +36,12 @@ def viewer_page(session: Session) -> str:
 
 
 async def make(s: ServerState, spec: NewSession, owner: str | None,
-               offer: dict[str, Any] | None = None) -> web.Response:
+               offer: dict[str, Any] | None = None, *, calibration: bool = False
+               ) -> web.Response:
     """The session ``spec`` asks for, answered as its route answers: the SDP answer for a
     peer or a publisher (whose ``offer`` is checked here first), 201 with its token and
-    URLs for a hosted or room session."""
+    URLs for a hosted or room session. A ``calibration`` session is one of the front
+    door's own, measuring what a session costs at start-up."""
     sdp = None
     if spec.kind in (SessionKind.PEER, SessionKind.PUBLISHER):
         offer = offer or {}
@@ -48,7 +50,7 @@ async def make(s: ServerState, spec: NewSession, owner: str | None,
                               publisher=spec.kind is SessionKind.PUBLISHER)
         except OfferError as exc:
             fail(400, exc.code, str(exc))
-    session = await _created(s, spec, owner)
+    session = await _created(s, spec, owner, calibration)
     if spec.kind is SessionKind.ROOM:
         return await _join_room(s, session, spec)
     path = f"/sessions/{session.id}"
@@ -74,15 +76,17 @@ async def make(s: ServerState, spec: NewSession, owner: str | None,
 
 async def placed(request: web.Request) -> web.Response:
     """A new session the front door placed here, as it read the request:
-    ``{"session": NewSession, "offer": {"sdp", "type"} | null}`` (internal)."""
+    ``{"session": NewSession, "offer": {"sdp", "type"} | null, "calibration": bool}``
+    (internal)."""
     body = await json_body(request)
     return await make(state(request), NewSession.from_dict(body["session"]), caller(request),
-                      body.get("offer"))
+                      body.get("offer"), calibration=body.get("calibration") is True)
 
 
-async def _created(s: ServerState, spec: NewSession, owner: str | None) -> Session:
+async def _created(s: ServerState, spec: NewSession, owner: str | None,
+                   calibration: bool) -> Session:
     try:
-        return await s.sessions.create(spec, owner)
+        return await s.sessions.create(spec, owner, calibration=calibration)
     except UnknownAvatar:
         fail(404, "unknown_avatar", f"no avatar {spec.avatar!r}; GET /avatars lists them")
     except AtCapacity as exc:

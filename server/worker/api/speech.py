@@ -38,6 +38,8 @@ async def push_speech(request: web.Request) -> web.Response:
                 fail(413, "body_too_large", f"speech over http.max_body_bytes={limit} bytes; "
                      "send a long text as several utterances")
             samples = decoder.feed(data)
+            if decoder.rate and not queued:
+                speech.sent_at(utterance, decoder.rate)
             queued += samples.size
             if not await speech.queue.put(samples, utterance, generation):
                 if session.is_closed:

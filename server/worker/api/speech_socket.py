@@ -105,6 +105,8 @@ class SpeechSocket:
         except SpeechError as exc:
             self.decoder = None
             return await self._error(exc.code, str(exc))
+        if self.decoder.rate and not self.queued:
+            self.speech.sent_at(self.utterance, self.decoder.rate)
         self.queued += samples.size
         if not await self.speech.queue.put(samples, self.utterance, self.generation):
             self.cut = True  # interrupted: the rest of this utterance is not played
