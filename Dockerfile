@@ -1,4 +1,4 @@
-# CPU image: the README's default (the shipped sonic-lite model on ONNX Runtime).
+# CPU image: the server's default (the shipped sonic-lite model on ONNX Runtime).
 FROM python:3.11-slim
 
 WORKDIR /app
@@ -8,7 +8,7 @@ COPY inference ./inference
 COPY engines ./engines
 COPY configs ./configs
 COPY static ./static
-# The README's install step. PIP_OPTIONS (empty by default) adds options to pip, e.g. a
+# The install step (pip install .). PIP_OPTIONS (empty by default) adds options to pip, e.g. a
 # wheelhouse for a build that cannot reach an index: --build-arg PIP_OPTIONS="--no-index
 # --find-links /wheels" with the wheels mounted there for the build (podman build -v
 # WHEELS:/wheels:ro, as scripts/container_image.py does; docs/containers.md).

@@ -1,1 +1,1 @@
-"""Benchmarks: scripts that print figures (see BENCHMARKS.md), not timed tests."""
+"""Benchmarks: scripts that print figures (see benchmarks/README.md), not timed tests."""

@@ -7,7 +7,8 @@ descriptors and threads of the start, and every error answer must have been JSON
 Bad networks are made at the client's sockets (``server.client.peer.Impairment``): these
 machines have no netem. Everything is sent to 127.0.0.1, bounded in count and time.
 
-    python -m benchmarks.soak --minutes 30     # BENCHMARKS.md; tests/test_soak.py: 1 minute
+    python -m benchmarks.soak --minutes 30     # tests/test_soak.py runs 1 minute
+    # (figures: benchmarks/results/2026-11-30-soak-30-minutes.md)
     python -m benchmarks.soak --minutes 0.67 --busy 0.35 0.35   # with busy neighbours
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole server on a GPU host, end to end, in one command (issue 8; BENCHMARKS.md):
+# The whole server on a GPU host, end to end, in one command (issue 8; benchmarks/README.md):
 # where aiortc and PyAV do not import, installs the wheelhouse parts found in .wheelhouse
-# (scripts/gpu_wheelhouse.py builds them, as the README's GPU section says); then runs
+# (scripts/gpu_wheelhouse.py builds them, as docs/gpu.md says); then runs
 # the load generator once per SIZExSESSIONS argument ("motion" for motion-only sessions at
 # 256), one after another on one server started once (it compiles for minutes), with the
 # server on the first three quarters of the cores (SERVER_CORES of them, if set) and its

@@ -27,11 +27,11 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
 WITHHELD = "(withheld)"
 #: Video sessions per core that ``session.max_sessions = 0`` allows. A 256x256 session has
-#: cost 0.061-0.077 cores on the hosts measured (BENCHMARKS.md), so at ``max_host_load``
+#: cost 0.061-0.077 cores on the hosts measured (benchmarks/README.md), so at ``max_host_load``
 #: 0.75 measured load refuses the next session before this count does there.
 SESSIONS_PER_CORE = 12
 #: Motion-only sessions per core that ``session.max_motion_sessions = -1`` allows: one has
-#: cost 0.044 cores on a GPU host (BENCHMARKS.md), so measured load refuses first there too.
+#: cost 0.044 cores on a GPU host (benchmarks/README.md), so measured load refuses first there too.
 MOTION_SESSIONS_PER_CORE = 24
 
 

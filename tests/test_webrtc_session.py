@@ -150,7 +150,8 @@ def test_session_reports_pipeline_delay_and_av_offset(observed):
     # Both tracks leave on one clock: most frames with their audio, nearly all within a
     # frame of it. A frame repeated while the engine was late counts as far off as its
     # picture is old; on a busy shared 2-core machine a few are (7% seen with two other
-    # processes spinning on its cores), which BENCHMARKS.md measures, not this test.
+    # processes spinning on its cores), which a benchmark measures
+    # (benchmarks/results/2026-12-02-soak-busy-neighbours.md), not this test.
     assert offset[0.005] - offset[-0.005] >= 0.5 * offset[math.inf], offset
     assert offset[0.04] - offset[-0.04] >= 0.9 * offset[math.inf], offset
 

@@ -38,7 +38,7 @@ class AudioHead(nn.Module):
     (``train.py --members``), whose coefficients are averaged. They run as one set of
     grouped convolutions (member ``i`` owns the ``i``-th group of channels), so an ensemble
     is still one small graph; on unheard speakers two members reduce what any one seed
-    gets wrong by chance (BENCHMARKS.md, issue 11's twelfth step).
+    gets wrong by chance (benchmarks/results/2026-12-05-lipsync-two-members.md).
 
     Smoothing is inside the window, because frames are computed independently (batched
     across sessions) and carry no state: the convolutions predict coefficients for every

@@ -3,7 +3,8 @@
 One Python process cannot carry a GPU's worth of sessions: the engine's Python side
 (packing inputs, launching, waiting for copies) queues for the GIL behind the media side's
 event loop. Measured on an H200, a batch of one took 1.82 ms instead of 0.33 with 256
-sessions' submissions on the same loop (BENCHMARKS.md). So one process per GPU owns the
+sessions' submissions on the same loop
+(benchmarks/results/2026-11-30-scheduler-and-engine-process.md). So one process per GPU owns the
 scheduler and the engine, and media workers connect to it over a Unix socket
 (``multiprocessing.connection``: authenticated, framed, from the standard library). Each
 worker shares a ring of frame slots with it in shared memory: the worker writes a frame's

@@ -29,7 +29,8 @@ on a separate copy stream while chunk *i + 1* computes, and the next replay of a
 waits only for the copy-back of that graph's own outputs. Across ``run`` calls nothing
 overlaps: the call returns when its last frame is in host memory.
 
-Precision (measured on an H200, see BENCHMARKS.md): ``fp16`` (the default) keeps the
+Precision (measured on an H200, see benchmarks/results/2026-11-29-gpu-engine-h200.md):
+``fp16`` (the default) keeps the
 portrait bank in FP16 (half the bytes to store and gather; at most 0.06 grey levels of
 rounding) and does the math in FP32. ``amp`` also runs the model under CUDA autocast, and
 that is NOT fine for sonic-lite: its audio head adds 1e-9 to an FP16 matmul output of mel
@@ -82,7 +83,8 @@ def ungroup_convolutions(model: nn.Module, most_groups: int = 4) -> None:
     The sums are the same (the zeros add exactly nothing) at ``groups`` times the MACs,
     which a GPU does not notice at these sizes, while cuDNN's grouped kernels are slow
     there: on an H100 the two-member head's motion graph ran 1.4x faster at batch 32
-    (BENCHMARKS.md, issue 11). Depthwise convolutions (many groups) are left alone.
+    (benchmarks/results/2026-12-06-motion-graph-cost.md). Depthwise convolutions (many
+    groups) are left alone.
     """
     for conv in model.modules():
         if not isinstance(conv, nn.Conv1d | nn.Conv2d) or not 1 < conv.groups <= most_groups:

@@ -4,7 +4,7 @@ Each row is one portrait; each column one mouth pose (at rest, half open, fully 
 pressed shut, rounded), cropped around the mouth of a 512x512 frame and enlarged 2x, so
 teeth, lip edges and the inside of the mouth can be judged by eye.
 
-    python -m inference.training.mouth_sheet --out docs/mouth.png [--image PORTRAIT ...]
+    python -m inference.training.mouth_sheet --out docs/mouth.jpg [--image PORTRAIT ...]
 
 Without ``--image`` the default avatar alone is drawn. The poses go through the renderer
 the engine exports (``inference.model.renderer``), with the coefficients set directly.

@@ -2,7 +2,7 @@
 
 A media worker (or the embedded server) serves every route here but the front door's own,
 each by the handler of the same ``name``; the front door routes each by its ``owner``
-(``server.front_door.routing``). So one table says what the API is, in both processes,
+(``server.front_door.routes``). So one table says what the API is, in both processes,
 and ``GET /openapi.json`` is made from it. ``docs/api.md`` describes each route in full.
 
 Owners, as the front door sees them:

@@ -6,7 +6,7 @@ A session's video was most of its CPU. aiortc converts RGB to YUV with swscale a
 libvpx with its noise filter, which only blurs frames a model rendered free of noise.
 Converting with OpenCV (once per new frame, in the track) and encoding without the filter
 halved the cost per 512x512 frame, 3.7 to 1.9 ms, and raised PSNR at 500 kbit/s from 37.7
-to 39.6 dB (``python -m benchmarks.encoding``, BENCHMARKS.md). aiortc has no way to pass
+to 39.6 dB (``python -m benchmarks.encoding``, benchmarks/results/). aiortc has no way to pass
 encoder options, so ``use_realtime_vp8`` replaces its VP8 encoder factory for this
 process.
 """

@@ -4,7 +4,8 @@ every host that runs the server has it), else the system's.
 PyAV reaches libopus through FFmpeg: each 20 ms becomes an ``AudioFrame``, passes a
 filter graph that re-chunks it to the codec's frame size, and comes back as a ``Packet``;
 that wrapping was an eighth of the returned speech's encode (0.080 against 0.070 ms a
-chunk of espeak-ng's conversation here, the same bytes out; BENCHMARKS.md). A
+chunk of espeak-ng's conversation here, the same bytes out;
+benchmarks/results/2026-12-06-speech-encode-libopus.md). A
 packet of 40 ms is still two 20 ms frames joined (``server.media.encoding.join_opus``):
 libopus 1.6 coding 40 ms in one call, CELT-only, spent about half the bits asked for
 (34 against 64 kbit/s) and lost 8 dB of SNR.
