@@ -7,12 +7,13 @@ from __future__ import annotations
 #: What a session costs against a 256x256 video session, in two resources: the server's
 #: cores (its whole CPU, the encoder threads included) and its worker's event-loop thread
 #: (peers, audio, features, the data channel; the encoder runs off it). Measured on the
-#: H200 host (2026-12-02, benchmarks/results/2026-12-02-steady-state-admission-
-#: defaults.md), 512 against 256 and motion-only against 256 within one call: cores 1.70
-#: and 0.52 in one call, 1.92 and 0.59 in another, so video grows with the side to the
-#: power 0.75 and a motion-only session (no encoder, no video packets) costs 0.55 of one;
-#: on the loop 1.47 and 0.93 (the side to the power 0.5, and 0.9: its audio, features and
-#: aiortc's SCTP, which is Python, all run there).
+#: H200 host (2026-12-02,
+#: benchmarks/results/2026-12-02-steady-state-admission-defaults.md), 512 against 256 and
+#: motion-only against 256 within one call: cores 1.70 and 0.52 in one call, 1.92 and 0.59
+#: in another, so video grows with the side to the power 0.75 and a motion-only session (no
+#: encoder, no video packets) costs 0.55 of one; on the loop 1.47 and 0.93 (the side to the
+#: power 0.5, and 0.9: its audio, features and aiortc's SCTP, which is Python, all run
+#: there).
 VIDEO_CORES_EXPONENT = 0.75
 VIDEO_LOOP_EXPONENT = 0.5
 MOTION_CORES = 0.55
