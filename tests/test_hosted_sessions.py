@@ -55,6 +55,7 @@ async def test_an_application_speaks_through_a_session_that_a_viewer_watches(ser
         created = await _create(http, server.url)
         session_id, token = created["session_id"], created["token"]
         assert created["urls"]["speech"] == f"/sessions/{session_id}/speech"
+        assert created["urls"]["viewer_page"] == f"/?session={session_id}&token={token}"
 
         async def synthesised():  # type: ignore[no-untyped-def]
             for start in range(0, len(body), 8000):  # 4x faster than real time
