@@ -24,6 +24,7 @@ from server.front_door.relay import (
     forward_websocket,
     outgoing,
     relayed,
+    unavailable,
     worst,
 )
 from server.http import common
@@ -64,8 +65,8 @@ async def place(request: web.Request, spec: NewSession, offer: dict[str, Any] | 
     """The session ``spec`` asks for, made on the worker placement picks; 503 with
     ``Retry-After`` where no worker has room, or while the server calibrates."""
     door = _door(request)
-    calibrating = door.calibration.running and door.calibration.is_own_peer(request)
-    if door.calibration.running and not calibrating:
+    calibration_peer = door.calibration.running and door.calibration.is_own_peer(request)
+    if door.calibration.running and not calibration_peer:
         at_capacity("the server is measuring what a session costs on this host before it "
                     "takes sessions; retry in a few seconds", error="calibrating")
     try:
@@ -74,10 +75,10 @@ async def place(request: web.Request, spec: NewSession, offer: dict[str, Any] | 
                 response = relayed(*await worker.request(
                     "POST", "/internal/sessions", json={"session": spec.to_dict(),
                                                         "offer": offer,
-                                                        "calibration": calibrating},
+                                                        "calibration": calibration_peer},
                     headers=credentials(request)))
             except OSError as exc:
-                fail(502, "worker_unavailable", f"{worker.name} did not answer: {exc}")
+                raise unavailable(worker, exc) from exc
     except Refused as exc:
         door.metrics.admissions.labels(decision="refused").inc()
         at_capacity(str(exc))
