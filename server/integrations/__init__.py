@@ -1,0 +1,1 @@
+"""Third-party servers a worker's sessions join: a Janus VideoRoom (``janus``)."""
