@@ -406,7 +406,9 @@ def started_server(args: list[str], cpus: set[int] | None = None, log_to: Path |
     log = open(log_to, "w+b") if log_to else tempfile.TemporaryFile()  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", str(port), "--ice-host", "127.0.0.1",
-         *args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+         # Every peer here comes from one address, as every client does through a proxy.
+         "--set", "http.max_offers_in_flight=1024", *args],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     try:
         deadline = time.monotonic() + 300

@@ -77,7 +77,7 @@ class Knob:
         """``value`` as a float in range, or ValueError naming the knob and its range."""
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not self.low <= value <= self.high:
-            raise ValueError(f"{self.name}={value!r} must be a number in "
+            raise ValueError(f"{self.name}={repr(value)[:64]} must be a number in "
                              f"[{self.low:g}, {self.high:g}]")
         return float(value)
 

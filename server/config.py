@@ -88,6 +88,26 @@ class HttpSettings:
                                        "empty: only 127.0.0.1, localhost and ::1 when "
                                        "listening on loopback (against DNS rebinding), any "
                                        "otherwise")
+    max_request_bytes: int = setting(256 * 1024, "largest body of any request but a portrait "
+                                     "upload (http.max_body_bytes) or streamed speech: JSON "
+                                     "and SDP offers; a larger Content-Length is refused "
+                                     "with 413 before the body is read", low=1024)
+    max_body_memory_mb: int = setting(64, "request bodies one process reads at once, all "
+                                      "requests together, in MB: past it a request is "
+                                      "refused with 503 and Retry-After before its body is "
+                                      "read, so no mix of large requests can exhaust memory",
+                                      low=1)
+    max_streams_per_caller: int = setting(16, "long-lived streams (event streams, WebSockets, "
+                                          "speech uploads) one caller may hold open at once "
+                                          "(a caller is an API key, or an address where "
+                                          "keys are off); one more is refused with 429",
+                                          low=1)
+    max_offers_in_flight: int = setting(16, "WebRTC offers (new sessions, viewers, WHIP, "
+                                        "WHEP) one address may have being answered at "
+                                        "once; one more is refused with 429 and "
+                                        "Retry-After: 1. Behind a reverse proxy every "
+                                        "client shares its address: raise it there",
+                                        low=1)
 
 
 @dataclass
@@ -106,6 +126,11 @@ class IceSettings:
         "(cloud metadata at 169.254.169.254), unspecified and multicast by default")
     mdns: bool = setting(False, "accept .local (mDNS) host names in an offer's candidates; "
                          "other names are never resolved")
+    private_candidates: bool = setting(
+        True, "let an offer's candidates make the server send connectivity checks to "
+        "private addresses (10/8, 172.16/12, 192.168/16, 100.64/10 shared, fc00::/7): "
+        "true for peers on the server's own network or behind the same NAT; false for a "
+        "server on the internet, so that no offer can have it probe its own network")
     udp_ports: list[int] = setting([], "[low, high]: media (ICE host candidates) binds only "
                                    "UDP ports in this range, for firewalls and containers; "
                                    "empty: any port", low=1024, high=65535)
@@ -246,6 +271,11 @@ class SessionSettings:
     max_worker_load: float = setting(0.8, "admit a session on a media worker only while its "
                                      "event loop, measured each second, would stay busy at "
                                      "most this share of the time with it", low=0.01, high=1.0)
+    max_viewers: int = setting(16, "viewers a session takes at once (receive-only offers "
+                               "with its token, WHEP): one more is refused with 429. With "
+                               "ice.udp_ports, at most a quarter of the range, whatever "
+                               "this says: one session's token never takes every port",
+                               low=1)
     max_host_load: float = setting(0.75, "admit a session only while the server's processes, "
                                    "measured each second, would keep at most this share of "
                                    "its cores busy with it", low=0.01, high=1.0)
@@ -320,6 +350,15 @@ class Settings:
                 value = WITHHELD
             out.setdefault(section, {})[f.name] = value
         return out
+
+    @property
+    def viewer_cap(self) -> int:
+        """Viewers one session takes at once: ``session.max_viewers``, and with
+        ``ice.udp_ports`` at most a quarter of that range (each viewer binds a port)."""
+        if not self.ice.udp_ports:
+            return self.session.max_viewers
+        low, high = self.ice.udp_ports
+        return max(1, min(self.session.max_viewers, (high - low + 1) // 4))
 
     @property
     def manifest_path(self) -> Path:

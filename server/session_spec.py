@@ -41,7 +41,7 @@ def check_knobs(raw: object) -> dict[str, float]:
     checked = {}
     for key, value in raw.items():
         if key not in KNOBS_BY_NAME:
-            raise OptionsError(f"unknown option {key!r}; known: {', '.join(KNOB_NAMES)}")
+            raise OptionsError(f"unknown option {repr(key)[:64]}; known: {', '.join(KNOB_NAMES)}")
         try:
             checked[key] = KNOBS_BY_NAME[key].check(value)
         except ValueError as exc:

@@ -128,7 +128,8 @@ async def test_an_uploaded_face_is_private_to_its_key_and_deletable(keyed):
         assert face not in await listed(_as("key-one"))
 
 
-async def test_only_configured_origins_get_cors_answers():
+async def test_only_configured_origins_get_cors_answers(monkeypatch):
+    monkeypatch.delenv("SONIC_API_KEYS", raising=False)  # the keyed server's, if it is up
     with ServerProcess("--set", "http.cors_origins=https://app.example.com") as server:
         async with aiohttp.ClientSession() as http:
             preflight = {"Origin": "https://app.example.com",

@@ -118,7 +118,8 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
                       data=_png_claiming(100_000, 100_000))
         form = aiohttp.FormData()
         form.add_field("image", io.BytesIO(_png(grey)), filename="grey.png")
-        await _expect(http, "POST", f"{url}/avatars", 422, "no_face", data=form)
+        page = {"Origin": url}  # a form upload is taken from the server's own page
+        await _expect(http, "POST", f"{url}/avatars", 422, "no_face", data=form, headers=page)
 
         async def chunked_multipart():  # no Content-Length: the limit must hold while streaming
             boundary = b"b0undary"
@@ -130,7 +131,7 @@ async def test_every_bad_input_is_refused_while_a_live_session_keeps_running(ser
 
         await _expect(http, "POST", f"{url}/avatars", 413, "body_too_large",
                       data=chunked_multipart(),
-                      headers={"Content-Type": "multipart/form-data; boundary=b0undary"})
+                      headers={"Content-Type": "multipart/form-data; boundary=b0undary", **page})
         await _expect(http, "PATCH", f"{url}/sessions/nope", 404, "unknown_session", json={})
         await _expect(http, "DELETE", f"{url}/sessions/nope", 404, "unknown_session")
         await _expect(http, "GET", f"{url}/no/such/page", 404, "not_found")
@@ -205,7 +206,8 @@ async def test_upload_a_portrait_and_talk_with_it(server, speech_wav):
     async with aiohttp.ClientSession() as http:
         form = aiohttp.FormData()
         form.add_field("image", jpeg.tobytes(), filename="mirror.jpg", content_type="image/jpeg")
-        async with http.post(f"{server.url}/avatars", data=form) as response:
+        async with http.post(f"{server.url}/avatars", data=form,  # as the page sends it
+                             headers={"Origin": server.url}) as response:
             assert response.status == 201, await response.text()
             avatar_id = (await response.json())["avatar_id"]
         async with http.get(f"{server.url}/avatars/{avatar_id}") as response:

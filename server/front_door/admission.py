@@ -49,6 +49,9 @@ class Admission:
         self._reserved = collections.defaultdict[int, collections.Counter[tuple[int, bool]]](
             collections.Counter)
         self._placing = asyncio.Lock()
+        #: The loads as last read (each second at least): what health answers with, so it
+        #: answers at once whatever the workers are doing.
+        self.recent: list[WorkerLoad] = []
 
     async def reports(self) -> list[tuple[WorkerProcess, WorkerReport]]:
         """Each live worker's load as it reports it; one that does not answer is left out."""
@@ -80,6 +83,7 @@ class Admission:
                                   loop_load=report.loop_load,
                                   settled_cost=report.settled_cost,
                                   loop_idle=report.loop_idle, loop_unit=report.loop_unit))
+        self.recent = out
         return out
 
     def session_capacity(self, loads: Sequence[WorkerLoad]) -> int:

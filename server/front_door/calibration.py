@@ -26,6 +26,7 @@ from aiohttp import web
 from server.config import Settings
 from server.costs import session_cost
 from server.front_door.admission import Admission
+from server.http.access import same_secret
 from server.load import SETTLED_S, cores_used
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Calibration:
         self._token = secrets.token_urlsafe(16)
 
     def is_own_peer(self, request: web.Request) -> bool:
-        return secrets.compare_digest(request.headers.get(TOKEN_HEADER, ""), self._token)
+        return same_secret(request.headers.get(TOKEN_HEADER, ""), self._token)
 
     async def run(self) -> None:
         """Measures what a session costs this host before taking clients' sessions; on

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import Coroutine
 from typing import Any
 
@@ -28,6 +29,8 @@ from server.metrics import FrontDoorMetrics
 from server.worker.handle import WorkerProcess, worker_prefix
 
 log = logging.getLogger(__name__)
+#: A session id as a worker makes it (``worker_prefix`` and a UUID's hex).
+SESSION_ID = re.compile(r"w\d+-[0-9a-f]{32}")
 
 
 def default_workers(runtime: str) -> int:
@@ -70,6 +73,7 @@ class FrontDoor:
         log.info("starting %d inference process(es) on %s and %d media worker(s); loading "
                  "the model and warming it up", layout.gpus, self.runtime, layout.workers)
         await self.processes.start()
+        await self.admission.loads()  # health answers from the last reading: one is there
         self._later(self.cores_busy.run())
         self._later(self.admission.learn_host_cost())
         self._later(self._ready())
@@ -95,8 +99,9 @@ class FrontDoor:
         task.add_done_callback(self._tasks.discard)
 
     def holder(self, session_id: object) -> WorkerProcess | None:
-        """The live worker whose session ids begin as ``session_id`` does."""
-        if not isinstance(session_id, str):
+        """The live worker whose session ids begin as ``session_id`` does, if it is a
+        session id at all (``w<index>-`` and 32 hex digits: nothing else is sent on)."""
+        if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
             return None
         return next((w for w in self.processes.live_workers()
                      if session_id.startswith(worker_prefix(w.index))), None)

@@ -16,9 +16,10 @@ from server.metrics import CONTENT_TYPE, merge_expositions
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """200 while it takes sessions; 503 with ``Retry-After`` while it calibrates."""
+    """200 while it takes sessions; 503 with ``Retry-After`` while it calibrates. Answered
+    from what the front door last read (each second), never by waiting for a worker."""
     door = request.app[front_door_key]
-    loads = await door.admission.loads()
+    loads = door.admission.recent  # as read within the last second: no worker is asked
     settings = door.settings
     size = settings.video.size
     workers = {load.index: load for load in loads}

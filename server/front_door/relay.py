@@ -28,7 +28,8 @@ Answer = tuple[int, bytes, dict[str, str]]
 class Upstream(Protocol):
     name: str  # as messages name it: "media worker 1"
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> Answer: ...
+    async def request(self, method: str, path: str, *, lasting: bool = False, **kwargs: Any
+                      ) -> Answer: ...
 
     def stream(self, path: str, headers: dict[str, str]
                ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]: ...
@@ -68,7 +69,7 @@ def unavailable(upstream: Upstream, exc: BaseException) -> ApiError:
 async def forward(upstream: Upstream, request: web.Request) -> web.Response:
     """The request, read whole, answered by ``upstream``."""
     try:
-        return relayed(*await upstream.request(request.method, request.rel_url.path,
+        return relayed(*await upstream.request(request.method, request.rel_url.raw_path,
                                                **await outgoing(request)))
     except OSError as exc:
         raise unavailable(upstream, exc) from exc
@@ -78,10 +79,9 @@ async def forward_streamed(upstream: Upstream, request: web.Request) -> web.Resp
     """The request's body sent on as it arrives, so backpressure reaches the producer."""
     try:
         return relayed(*await upstream.request(
-            request.method, request.rel_url.path, data=request.content,
+            request.method, request.rel_url.raw_path, lasting=True, data=request.content,
             headers={"Content-Type": request.headers.get("Content-Type", ""),
-                     **credentials(request)},
-            timeout=aiohttp.ClientTimeout(total=None)))
+                     **credentials(request)}))
     except OSError as exc:
         raise unavailable(upstream, exc) from exc
 
@@ -92,7 +92,7 @@ async def forward_events(upstream: Upstream, request: web.Request) -> web.Stream
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     try:
-        async with upstream.stream(request.rel_url.path, credentials(request)) as source:
+        async with upstream.stream(request.rel_url.raw_path, credentials(request)) as source:
             if source.status != 200:
                 return relayed(source.status, await source.read(), dict(source.headers))
             await response.prepare(request)
@@ -109,7 +109,7 @@ async def forward_websocket(upstream: Upstream, request: web.Request) -> web.Str
     async with contextlib.AsyncExitStack() as stack:
         try:
             source = await stack.enter_async_context(
-                upstream.websocket(request.rel_url.path, credentials(request)))
+                upstream.websocket(request.rel_url.raw_path, credentials(request)))
         except aiohttp.WSServerHandshakeError as exc:
             fail(exc.status, "websocket_refused", f"the session's worker refused: "
                  f"{exc.message}")

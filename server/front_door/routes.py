@@ -32,7 +32,7 @@ from server.http.api import ROUTES, Body, Owner, Route
 from server.http.app_keys import access_key
 from server.http.bodies import json_body, read_body
 from server.http.common import SDP
-from server.http.errors import at_capacity, fail
+from server.http.errors import at_capacity, fail, shown
 from server.http.new_session import new_session_kind, parse_new_session, parse_whip_query
 from server.session_spec import NewSession, SessionKind
 from server.worker.handle import WorkerProcess
@@ -48,7 +48,7 @@ def _holder(request: web.Request, session_id: object) -> WorkerProcess:
     """The worker holding the session ``session_id`` names, or 404."""
     worker = _door(request).holder(session_id)
     if worker is None:
-        fail(404, "unknown_session", f"no live session {session_id!r}")
+        fail(404, "unknown_session", f"no live session {shown(session_id)}")
     return worker
 
 
@@ -108,7 +108,7 @@ async def create_session(request: web.Request) -> web.StreamResponse:
         answers = await ask_every(_door(request).processes.live_workers(), "GET",
                                   f"/names/{quote(spec.name)}")
         if any(status != 404 for _, status, _, _ in answers):
-            fail(409, "name_taken", f"a live session is already called {spec.name!r}")
+            fail(409, "name_taken", f"a live session is already called {shown(spec.name)}")
     return await place(request, spec, None)
 
 
@@ -139,12 +139,12 @@ async def list_sessions(request: web.Request) -> web.Response:
 async def find_name(request: web.Request) -> web.Response:
     """Whichever worker holds the named session answers; a wrong token is 403."""
     answers = await ask_every(_door(request).processes.live_workers(), "GET",
-                              request.rel_url.path_qs)
+                              request.rel_url.raw_path_qs)
     for wanted in (200, 403):
         for _, status, body, headers in answers:
             if status == wanted:
                 return relayed(status, body, headers)
-    fail(404, "unknown_name", f"no live session is called {request.match_info['name']!r}")
+    fail(404, "unknown_name", f"no live session is called {shown(request.match_info['name'])}")
 
 
 async def upload_avatar(request: web.Request) -> web.Response:
@@ -165,7 +165,7 @@ async def delete_avatar(request: web.Request) -> web.Response:
     """Every worker forgets it, and a replaced worker is not taught it again."""
     door = _door(request)
     status, body, headers = worst(await ask_every(
-        door.processes.live_workers(), "DELETE", request.rel_url.path,
+        door.processes.live_workers(), "DELETE", request.rel_url.raw_path,
         **await outgoing(request)))
     if status == 204:
         door.uploads.forget(request.match_info["avatar_id"])

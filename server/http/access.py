@@ -14,6 +14,14 @@ from server.config import HttpSettings
 from server.http.errors import ApiError
 
 
+def same_secret(given: object, secret: str) -> bool:
+    """Whether ``given`` is ``secret``, in constant time. Compared as UTF-8 bytes: any text
+    a client sends, in any alphabet, is only a wrong secret (a str comparison refuses
+    anything but ASCII with an exception)."""
+    return isinstance(given, str) and hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), secret.encode("utf-8", "surrogateescape"))
+
+
 def key_owner(key: str) -> str:
     """What a session records of the key that made it: not the key itself."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -32,8 +40,7 @@ class Access:
         if not self._keys:
             return None
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip(), k)
-                                              for k in self._keys):
+        if scheme.lower() == "bearer" and any(same_secret(key.strip(), k) for k in self._keys):
             return key_owner(key.strip())
         raise ApiError(401, "unauthorized", "this route needs an API key: "
                        "Authorization: Bearer KEY (one of http.api_keys)",

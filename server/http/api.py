@@ -33,12 +33,27 @@ class Owner(enum.Enum):
 
 
 class Body(enum.Enum):
-    """How a request's body and answer cross the front door."""
+    """How a request's body and answer cross the front door, and how large it may be."""
 
-    WHOLE = "whole"  # read whole, then sent on; the answer likewise
+    WHOLE = "whole"  # read whole (http.max_request_bytes), then sent on; the answer too
+    UPLOAD = "upload"  # read whole, up to http.max_body_bytes: a portrait
     STREAMED = "streamed"  # sent on as it arrives, so backpressure reaches the producer
     EVENTS = "events"  # the answer is a server-sent event stream, relayed as it comes
     WEBSOCKET = "websocket"  # a WebSocket, joined to one with the holder
+
+    @property
+    def long_lived(self) -> bool:
+        """It holds its connection for as long as the client likes."""
+        return self in (Body.STREAMED, Body.EVENTS, Body.WEBSOCKET)
+
+
+class Caller(enum.Enum):
+    """Who may call a route where ``http.api_keys`` are set."""
+
+    ANYONE = "anyone"  # what is public
+    KEY = "key"  # an API key, checked before the body is read
+    VIEWER = "viewer"  # a session's viewer token, which its handler checks
+    KEY_OR_VIEWER = "key or viewer"  # a key for a new session, a token for a viewer of one
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,15 @@ class Route:
     owner: Owner
     name: str  # the handler's name in every process, and the OpenAPI operationId
     summary: str
+    caller: Caller
     body: Body = Body.WHOLE
+    #: A WebRTC offer: answering it binds a port and takes the worker's loop for a moment,
+    #: so an address has at most ``http.max_offers_in_flight`` of them at once.
+    offer: bool = False
+    #: What its body is (none, where it takes none): ``json``, ``sdp``, ``audio`` or
+    #: ``image``. A body no web form can make (JSON, SDP, audio) keeps other sites' pages
+    #: out by itself; the others are held to the request's origin (``server.http.guard``).
+    takes: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -56,55 +79,67 @@ class Route:
 
 
 D, P, H, E, A = Owner.DOOR, Owner.PLACE, Owner.HOLDER, Owner.EVERY, Owner.ANY
+ANYONE, KEY, VIEWER = Caller.ANYONE, Caller.KEY, Caller.VIEWER
 
 ROUTES: tuple[Route, ...] = (
-    Route("GET", "/", D, "index", "the web page"),
-    Route("GET", "/kiosk", D, "kiosk", "the kiosk page: one named session, full screen"),
+    Route("GET", "/", D, "index", "the web page", ANYONE),
+    Route("GET", "/kiosk", D, "kiosk", "the kiosk page: one named session, full screen",
+          ANYONE),
     Route("GET", "/healthz", D, "healthz",
-          "status, model and runtime, measured capacity and load (503 while calibrating)"),
-    Route("GET", "/config", D, "config", "the settings in force and the session knobs"),
-    Route("GET", "/metrics", D, "metrics", "Prometheus metrics of every process"),
-    Route("GET", "/openapi.json", D, "openapi", "this API as an OpenAPI document"),
+          "status, model and runtime, measured capacity and load (503 while calibrating)",
+          ANYONE),
+    Route("GET", "/config", D, "config", "the settings in force and the session knobs",
+          ANYONE),
+    Route("GET", "/metrics", D, "metrics", "Prometheus metrics of every process", KEY),
+    Route("GET", "/openapi.json", D, "openapi", "this API as an OpenAPI document", ANYONE),
     Route("POST", "/offer", P, "offer",
           "a WebRTC offer: a new session driven by the peer's audio, or (with session_id "
-          "and token) one more viewer of a session"),
+          "and token) one more viewer of a session", Caller.KEY_OR_VIEWER, offer=True,
+          takes="json"),
     Route("POST", "/sessions", P, "create_session",
-          "a session an application drives (pushed speech), or one in a Janus room"),
-    Route("GET", "/sessions", E, "list_sessions", "live sessions with their stats"),
-    Route("GET", "/sessions/{session_id}", H, "get_session", "one session"),
-    Route("PATCH", "/sessions/{session_id}", H, "update_session", "change a session's knobs"),
-    Route("DELETE", "/sessions/{session_id}", H, "delete_session", "end a session"),
+          "a session an application drives (pushed speech), or one in a Janus room", KEY,
+          takes="json"),
+    Route("GET", "/sessions", E, "list_sessions", "live sessions with their stats", KEY),
+    Route("GET", "/sessions/{session_id}", H, "get_session", "one session", KEY),
+    Route("PATCH", "/sessions/{session_id}", H, "update_session", "change a session's knobs",
+          KEY, takes="json"),
+    Route("DELETE", "/sessions/{session_id}", H, "delete_session", "end a session", KEY),
     Route("POST", "/sessions/{session_id}/speech", H, "push_speech",
-          "speech for a session (audio/wav or audio/L16), played as it streams in",
-          Body.STREAMED),
+          "speech for a session (audio/wav or audio/L16), played as it streams in", KEY,
+          Body.STREAMED, takes="audio"),
     Route("POST", "/sessions/{session_id}/interrupt", H, "interrupt",
-          "barge-in: the avatar stops speaking now"),
+          "barge-in: the avatar stops speaking now", KEY),
     Route("GET", "/sessions/{session_id}/ws", H, "session_socket",
-          "speech and barge-in over one WebSocket, the session's events back",
+          "speech and barge-in over one WebSocket, the session's events back", KEY,
           Body.WEBSOCKET),
     Route("GET", "/sessions/{session_id}/events", H, "session_events",
-          "the session's events as server-sent events", Body.EVENTS),
+          "the session's events as server-sent events", KEY, Body.EVENTS),
     Route("GET", "/names/{name}", E, "find_name",
-          "the live session called name, for whoever holds its viewer token"),
-    Route("OPTIONS", "/whip", D, "whip_options", "what a WHIP client asks before offering"),
+          "the live session called name, for whoever holds its viewer token", VIEWER),
+    Route("OPTIONS", "/whip", D, "whip_options", "what a WHIP client asks before offering",
+          ANYONE),
     Route("POST", "/whip", P, "whip_publish",
-          "WHIP (RFC 9725): a publisher's SDP offer drives a new session"),
-    Route("DELETE", "/whip/{session_id}", H, "whip_end", "the WHIP publisher hangs up"),
-    Route("PATCH", "/whip/{session_id}", H, "whip_patch", "405: no trickle ICE"),
+          "WHIP (RFC 9725): a publisher's SDP offer drives a new session", KEY, offer=True,
+          takes="sdp"),
+    Route("DELETE", "/whip/{session_id}", H, "whip_end", "the WHIP publisher hangs up", KEY),
+    Route("PATCH", "/whip/{session_id}", H, "whip_patch", "405: no trickle ICE", KEY),
     Route("OPTIONS", "/sessions/{session_id}/whep", D, "whep_options",
-          "what a WHEP client asks before offering"),
+          "what a WHEP client asks before offering", ANYONE),
     Route("POST", "/sessions/{session_id}/whep", H, "whep_view",
-          "WHEP: a viewer's receive-only SDP offer"),
+          "WHEP: a viewer's receive-only SDP offer", VIEWER, offer=True, takes="sdp"),
     Route("DELETE", "/sessions/{session_id}/whep/{viewer_id}", H, "whep_leave",
-          "a WHEP viewer leaves"),
+          "a WHEP viewer leaves", VIEWER),
     Route("PATCH", "/sessions/{session_id}/whep/{viewer_id}", H, "whep_patch",
-          "405: no trickle ICE"),
-    Route("GET", "/avatars", A, "list_avatars", "avatars this caller may use"),
-    Route("POST", "/avatars", E, "upload_avatar", "upload a JPEG or PNG portrait"),
-    Route("GET", "/avatars/{avatar_id}", A, "get_avatar", "one avatar and its face geometry"),
-    Route("DELETE", "/avatars/{avatar_id}", E, "delete_avatar", "forget an uploaded portrait"),
+          "405: no trickle ICE", VIEWER),
+    Route("GET", "/avatars", A, "list_avatars", "avatars this caller may use", ANYONE),
+    Route("POST", "/avatars", E, "upload_avatar", "upload a JPEG or PNG portrait", KEY,
+          Body.UPLOAD, takes="image"),
+    Route("GET", "/avatars/{avatar_id}", A, "get_avatar", "one avatar and its face geometry",
+          ANYONE),
+    Route("DELETE", "/avatars/{avatar_id}", E, "delete_avatar", "forget an uploaded portrait",
+          KEY),
     Route("GET", "/avatars/{avatar_id}/image", A, "avatar_image",
-          "the cropped portrait, as PNG"),
+          "the cropped portrait, as PNG", ANYONE),
 )
 
 def openapi(version: str) -> dict[str, Any]:

@@ -22,6 +22,13 @@ class ApiError(web.HTTPException):
         self.code = code
 
 
+def shown(value: object, most: int = 64) -> str:
+    """``value`` as an error message may quote it: its repr, cut to ``most`` characters (a
+    client's 1 MB name is not sent back to it)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most - 4]}...{text[-1]}"
+
+
 def fail(status: int, code: str, message: str) -> NoReturn:
     raise ApiError(status, code, message)
 
@@ -29,3 +36,8 @@ def fail(status: int, code: str, message: str) -> NoReturn:
 def at_capacity(message: str, error: str = "at_capacity") -> NoReturn:
     """503 with ``Retry-After``: the server cannot take this now, and may later."""
     raise ApiError(503, error, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def too_many(code: str, message: str, retry_after_s: int = RETRY_AFTER_S) -> ApiError:
+    """429 with ``Retry-After``: this caller holds as many of something as it may."""
+    return ApiError(429, code, message, headers={"Retry-After": str(retry_after_s)})

@@ -11,7 +11,8 @@ from aiohttp import web
 
 from server.config import HttpSettings
 from server.http.app_keys import metrics_key, settings_key
-from server.http.errors import ApiError, fail
+from server.http.errors import ApiError, fail, shown
+from server.http.guard import guard
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 #: Answer headers a page on another origin may read (WHIP's resource and links).
@@ -36,7 +37,7 @@ def host_check(allowed: frozenset[str] | None) -> Any:
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         host = (request.url.host or "").lower()
         if allowed is not None and host not in allowed:
-            fail(403, "host_not_allowed", f"Host {host!r} is not served here (allowed: "
+            fail(403, "host_not_allowed", f"Host {shown(host)} is not served here (allowed: "
                  f"{', '.join(sorted(allowed))}; http.allowed_hosts)")
         return await handler(request)
 
@@ -95,7 +96,9 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
                        f"{exc.reason}") from exc
 
 
-def middlewares(settings: HttpSettings) -> list[Any]:
+def middlewares(settings: HttpSettings, *, entry: bool = True) -> list[Any]:
     """Every application's, in order: CORS outermost (so its headers reach errors too),
-    then errors in JSON, then the Host check."""
-    return [cors(settings.cors_origins), json_errors, host_check(allowed_hosts(settings))]
+    then errors in JSON, the Host check, and what a request is held to before its body is
+    read (``server.http.guard``; ``entry``: where clients' requests enter the server)."""
+    return [cors(settings.cors_origins), json_errors, host_check(allowed_hosts(settings)),
+            guard(settings, entry=entry)]

@@ -9,13 +9,12 @@ The offer's SDP is the worker's to check: only the media path understands it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from server.config import Settings
-from server.http.errors import fail
+from server.http.errors import fail, shown
 from server.session_spec import (
     NewSession,
     OptionsError,
@@ -34,12 +33,12 @@ def _flags_and_options(raw: object, settings: Settings) -> tuple[bool, bool, dic
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        fail(400, "invalid_options", f'"options" must be a JSON object, got {json.dumps(raw)}')
+        fail(400, "invalid_options", f'"options" must be a JSON object, got {shown(raw)}')
     raw = dict(raw)
     motion_only, record = raw.pop("motion_only", False), raw.pop("record", False)
     for name, flag in (("motion_only", motion_only), ("record", record)):
         if not isinstance(flag, bool):
-            fail(400, "invalid_options", f"options.{name}={flag!r} must be true or false")
+            fail(400, "invalid_options", f"options.{name}={shown(flag)} must be true or false")
     if record and not settings.session.recording_dir:
         fail(400, "recording_off", "this server records nothing: set session.recording_dir")
     if record and motion_only:
@@ -61,11 +60,11 @@ def parse_new_session(body: Mapping[str, Any], settings: Settings, kind: Session
     avatar = body.get("avatar")
     if avatar is not None and (not isinstance(avatar, str) or not avatar):
         fail(400, "invalid_avatar", f'"avatar" must be an avatar id (a string), got '
-             f'{json.dumps(avatar)}')
+             f'{shown(avatar)}')
     if size is None:
         size = body.get("size", settings.video.size)
     if isinstance(size, bool) or size not in settings.video.allowed_sizes:
-        fail(400, "invalid_options", f"size={size!r} must be one of "
+        fail(400, "invalid_options", f"size={shown(size)} must be one of "
              f"{settings.video.allowed_sizes}")
     name = token = room = None
     if kind in (SessionKind.HOSTED, SessionKind.ROOM):
@@ -93,13 +92,13 @@ def parse_whip_query(query: Mapping[str, str], settings: Settings) -> NewSession
         try:
             options[name] = float(value)
         except ValueError:
-            fail(400, "invalid_options", f"{name}={value!r} must be a number")
+            fail(400, "invalid_options", f"{name}={shown(value)} must be a number")
     body: dict[str, Any] = {"avatar": query.get("avatar"), "options": options}
     if "size" in query:
         try:
             body["size"] = int(query["size"])
         except ValueError:
-            fail(400, "invalid_options", f"size={query['size']!r} must be a whole number")
+            fail(400, "invalid_options", f"size={shown(query['size'])} must be a whole number")
     return parse_new_session(body, settings, SessionKind.PUBLISHER)
 
 
@@ -108,7 +107,7 @@ def _naming(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
     stable, so a kiosk's URL outlives the session and the server)."""
     name, token = body.get("name"), body.get("token")
     if name is not None and (not isinstance(name, str) or not SESSION_NAME.fullmatch(name)):
-        fail(400, "invalid_name", f"name={name!r} must be 1-64 letters, digits, '.', '_' "
+        fail(400, "invalid_name", f"name={shown(name)} must be 1-64 letters, digits, '.', '_' "
              "or '-'")
     if token is not None and (not isinstance(token, str) or
                               not VIEWER_TOKEN.fullmatch(token)):
@@ -129,11 +128,11 @@ def _room_request(raw: object, settings: Settings) -> RoomRequest:
     room, listen_to = raw.get("room"), raw.get("listen_to")
     display, pin = raw.get("display", "Avatar"), raw.get("pin")
     if isinstance(room, bool) or not isinstance(room, int | str) or room == "":
-        fail(400, "invalid_janus", f"janus.room must be the room's id, got {room!r}")
+        fail(400, "invalid_janus", f"janus.room must be the room's id, got {shown(room)}")
     for field_name, value in (("listen_to", listen_to), ("display", display)):
         if not isinstance(value, str) or not 0 < len(value) <= 256:
             fail(400, "invalid_janus", f"janus.{field_name} must be a participant's display "
-                 f"name (1-256 characters), got {value!r}")
+                 f"name (1-256 characters), got {shown(value)}")
     if pin is not None and not isinstance(pin, str):
         fail(400, "invalid_janus", "janus.pin must be a string")
     return RoomRequest(room, listen_to, display, pin)

@@ -40,6 +40,11 @@ _ICE_PWD = re.compile(r"[A-Za-z0-9+/]{22,256}")
 DTLS_FINGERPRINTS = ("sha-256", "sha-384", "sha-512")
 
 
+#: The private ranges ``ice.private_candidates = false`` refuses an offer's candidates in:
+#: RFC 1918, the carrier-grade NAT's shared range, unique-local IPv6.
+PRIVATE_RANGES = [ipaddress.ip_network(r) for r in
+                  ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                   "fc00::/7")]
 #: Bounds on an offer, far above what a session uses (three m-lines, about 5 kB).
 MAX_SDP_BYTES = 64 * 1024
 MAX_MEDIA = 16
@@ -79,7 +84,7 @@ def check_offer(sdp: object, kind: object, *, motion_only: bool = False,
     A motion-only session needs a data channel instead of a video m-line; a ``viewer``
     sends nothing, and must receive the audio; a ``publisher`` (WHIP) only sends."""
     if kind != "offer":
-        raise OfferError("not_an_offer", f'"type" must be "offer", got {kind!r}')
+        raise OfferError("not_an_offer", f'"type" must be "offer", got {repr(kind)[:64]}')
     if not isinstance(sdp, str) or not sdp.strip():
         raise OfferError("missing_sdp", '"sdp" must be a non-empty string')
     if not sdp.lstrip().startswith("v=0"):
@@ -133,15 +138,21 @@ def allowed_candidates(sdp: str, ice: IceSettings) -> tuple[str, int]:
     a cloud metadata service, a link-local or multicast address, or a host name to resolve
     by DNS. Those in ``ice.blocked_ranges`` are dropped, and so are names, except
     ``.local`` (mDNS) ones where ``ice.mdns`` allows. A peer left with no candidate still
-    connects: its own checks reach the server, which answers where they came from."""
+    connects: its own checks reach the server, which answers where they came from.
+    An IPv4 address written as IPv6 (``::ffff:a.b.c.d``) is judged as the IPv4 it is;
+    without ``ice.private_candidates`` private ranges are refused too."""
     blocked = [ipaddress.ip_network(r, strict=False) for r in ice.blocked_ranges]
+    if not ice.private_candidates:
+        blocked += PRIVATE_RANGES
 
     def allowed(address: str) -> bool:
         try:
-            ip = ipaddress.ip_address(address)
+            ip = ipaddress.ip_address(address.split("%")[0])
         except ValueError:
             return ice.mdns and address.lower().endswith(".local")
-        return not any(ip in net for net in blocked)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:169.254.169.254 is 169.254.169.254
+        return not any(ip.version == net.version and ip in net for net in blocked)
 
     kept, dropped = [], 0
     for line in sdp.splitlines(keepends=True):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ class AtCapacity(RuntimeError):
 
 
 class NameTaken(ValueError):
+    pass
+
+
+class TooManyViewers(RuntimeError):
     pass
 
 
@@ -71,6 +76,9 @@ class SessionManager:
         #: Per session, its peer connections by an id of their own (a WHEP viewer's
         #: resource names one).
         self._peers: dict[str, dict[str, RTCPeerConnection]] = {}
+        #: Per session, which of its peers are viewers, and viewers' offers being answered.
+        self._viewers: dict[str, set[str]] = {}
+        self._viewers_coming = collections.Counter[str]()
         self._reserved: list[tuple[int, bool]] = []  # (size, motion-only) being created
         self.encodes = EncodeBatches()  # every session's video encodes, a batch a hand-off
         self.context = SessionContext(settings.session, settings.video.fps, manifest,
@@ -186,21 +194,41 @@ class SessionManager:
                                     if s.avatar.size == size and s.motion_only == motion_only)
         return min(((p, phases) for p in range(phases)), key=lambda p: alike[p])
 
-    def add_peer(self, session: Session, pc: RTCPeerConnection) -> str:
+    def add_peer(self, session: Session, pc: RTCPeerConnection, *, viewer: bool = False) -> str:
         """Keep ``pc`` until it or its session goes; the id it is known by."""
         peer_id = uuid.uuid4().hex
         self._peers.setdefault(session.id, {})[peer_id] = pc
+        if viewer:
+            self._viewers.setdefault(session.id, set()).add(peer_id)
         return peer_id
+
+    @contextlib.contextmanager
+    def viewer_place(self, session_id: str, most: int) -> Iterator[None]:
+        """A place for one more viewer of the session while its offer is answered (raises
+        ``TooManyViewers`` past ``most``, those being answered counted in)."""
+        held = len(self._viewers.get(session_id, ())) + self._viewers_coming[session_id]
+        if held >= most:
+            raise TooManyViewers(f"session {session_id} has its most viewers, {most} "
+                                 "(session.max_viewers)")
+        self._viewers_coming[session_id] += 1
+        try:
+            yield
+        finally:
+            self._viewers_coming[session_id] -= 1
+            if not self._viewers_coming[session_id]:
+                del self._viewers_coming[session_id]
 
     def peer(self, session_id: str, peer_id: str) -> RTCPeerConnection | None:
         return self._peers.get(session_id, {}).get(peer_id)
 
     def drop_peer(self, session_id: str, peer_id: str) -> None:
         self._peers.get(session_id, {}).pop(peer_id, None)
+        self._viewers.get(session_id, set()).discard(peer_id)
 
     async def _forget(self, session: Session) -> None:
         self._sessions.pop(session.id, None)
         peers = self._peers.pop(session.id, {}).values()
+        self._viewers.pop(session.id, None)
         self.avatars.release(session.avatar)
         reason = (session.close_reason or "closed").split(":")[0]
         self.metrics.sessions_closed.labels(reason=reason).inc()

@@ -91,7 +91,7 @@ def create_app(settings: Settings, *, connect: Connect = connect_inline,
     default the engine on a thread of this process); ``runtime`` is the one the engine
     runs on, where the front door resolved it; ``id_prefix`` starts its session ids."""
     app = web.Application(client_max_size=settings.http.max_body_bytes,
-                          middlewares=middlewares(settings.http))
+                          middlewares=middlewares(settings.http, entry=not behind_door))
     add_routes(app, internal=behind_door)
     app.router.add_static("/static/", STATIC_DIR)
     metrics = Metrics()

@@ -37,6 +37,13 @@ def worker_prefix(index: int) -> str:
     return f"w{index}-"
 
 
+#: Short requests to one worker at once; more wait for a connection. Long-lived streams
+#: (event streams, WebSockets, speech uploads) have connections of their own, unlimited
+#: here (their callers are limited where they enter: ``http.max_streams_per_caller``), so
+#: no number of them can hold the connections the control plane needs.
+CONTROL_CONNECTIONS = 64
+
+
 class WorkerProcess:
     """The front door's handle on one worker: start, stop, ask it over HTTP, hear it die."""
 
@@ -46,7 +53,8 @@ class WorkerProcess:
         self.index = spec.index
         self.name = f"media worker {spec.index}"
         self.ready = False
-        self.http: aiohttp.ClientSession | None = None
+        self.http: aiohttp.ClientSession | None = None  # short requests
+        self.streams: aiohttp.ClientSession | None = None  # long-lived ones
 
         def exited(code: int | None) -> None:
             self.ready = False
@@ -66,16 +74,21 @@ class WorkerProcess:
     async def start(self) -> None:
         await self.child.start()
         self.http = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=self.spec.socket_path),
+            connector=aiohttp.UnixConnector(path=self.spec.socket_path,
+                                            limit=CONTROL_CONNECTIONS),
             timeout=aiohttp.ClientTimeout(total=60))
+        self.streams = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.spec.socket_path, limit=0),
+            timeout=aiohttp.ClientTimeout(total=None))
         self.ready = True
 
     async def stop(self) -> None:
         """Ask it to close its sessions and exit (killed if it has not within 10 s)."""
         self.ready = False
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
+        for session in (self.http, self.streams):
+            if session is not None:
+                await session.close()
+        self.http = self.streams = None
         await self.child.stop()
 
     def kill(self) -> None:
@@ -85,27 +98,28 @@ class WorkerProcess:
     async def stream(self, path: str, headers: dict[str, str]
                      ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A GET of the worker's API whose answer is read as it comes (an event stream)."""
-        if self.http is None:
+        if self.streams is None:
             raise ConnectionError(f"worker {self.index} is not running")
-        async with self.http.get(f"http://worker{path}", headers=headers,
-                                 timeout=aiohttp.ClientTimeout(total=None)) as response:
+        async with self.streams.get(f"http://worker{path}", headers=headers) as response:
             yield response
 
     @contextlib.asynccontextmanager
     async def websocket(self, path: str, headers: dict[str, str]
                         ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         """A WebSocket to the worker's API."""
-        if self.http is None:
+        if self.streams is None:
             raise ConnectionError(f"worker {self.index} is not running")
-        async with self.http.ws_connect(f"http://worker{path}", autoping=True, headers=headers,
+        async with self.streams.ws_connect(f"http://worker{path}", autoping=True, headers=headers,
                                         max_msg_size=1 << 20,
                                         timeout=aiohttp.ClientWSTimeout(ws_close=5)) as ws:
             yield ws
 
-    async def request(self, method: str, path: str, **kwargs: Any
+    async def request(self, method: str, path: str, *, lasting: bool = False, **kwargs: Any
                       ) -> tuple[int, bytes, dict[str, str]]:
-        """One request to the worker's API: status, body, headers."""
-        if self.http is None:
+        """One request to the worker's API: status, body, headers. ``lasting``: one that
+        may take as long as its client likes (a speech upload), on a connection of its own."""
+        http = self.streams if lasting else self.http
+        if http is None:
             raise ConnectionError(f"worker {self.index} is not running")
-        async with self.http.request(method, f"http://worker{path}", **kwargs) as response:
+        async with http.request(method, f"http://worker{path}", **kwargs) as response:
             return response.status, await response.read(), dict(response.headers)

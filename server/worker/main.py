@@ -22,6 +22,7 @@ from inference.process.client import RemoteInference
 from inference.runtimes import GPU_RUNTIMES
 from inference.service import Inference
 from server.config import Settings
+from server.http.serving import JsonErrorAppRunner
 from server.metrics import Metrics
 from server.worker.app import create_app
 from server.worker.handle import WorkerSpec, worker_prefix
@@ -46,7 +47,7 @@ async def serve(control: Connection, spec: WorkerSpec) -> None:
 
     app = create_app(spec.settings, connect=connect, runtime=spec.runtime,
                      id_prefix=worker_prefix(spec.index), behind_door=True)
-    runner = web.AppRunner(app, access_log=None)
+    runner = JsonErrorAppRunner(app, access_log=None)  # its own errors in JSON too
     await runner.setup()  # loads, warms up and prepares the default avatar
     if os.path.exists(spec.socket_path):
         os.unlink(spec.socket_path)  # left by a predecessor that died

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import cv2
 from aiohttp import BodyPartReader, web
 
 from inference.images import PortraitError
 from server.http.app_keys import access_key
 from server.http.bodies import read_body
-from server.http.errors import fail
+from server.http.errors import fail, shown
 from server.media.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
 from server.worker.api.context import caller, state
 
@@ -37,11 +38,16 @@ async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
     if request.content_length is not None and request.content_length > limit:
         fail(413, "body_too_large", f"request body exceeds the limit of {limit} bytes")
     if request.content_type.startswith("multipart/"):
-        reader = await request.multipart()
-        async for part in reader:
-            if isinstance(part, BodyPartReader) and (
-                    part.filename or part.name in ("image", "file", "portrait")):
-                return await _read_part(part, limit), part.filename
+        try:
+            reader = await request.multipart()
+            async for part in reader:
+                if isinstance(part, BodyPartReader) and (
+                        part.filename or part.name in ("image", "file", "portrait")):
+                    return await _read_part(part, limit), part.filename
+        except (ValueError, AssertionError, aiohttp.ClientError) as exc:  # aiohttp's own
+            fail(400, "bad_multipart", f"the multipart body could not be read: "
+                 f"{shown(str(exc), 200)} (a boundary is needed: "
+                 "Content-Type: multipart/form-data; boundary=...)")
         fail(400, "missing_image", 'multipart upload needs a file part named "image"')
     data = await request.read()
     if not data:
@@ -69,7 +75,7 @@ async def get_avatar(request: web.Request) -> web.Response:
             request.match_info["avatar_id"], request.app[access_key].viewer(request)
         ).describe())
     except UnknownAvatar:
-        fail(404, "unknown_avatar", f"no avatar {request.match_info['avatar_id']!r}")
+        fail(404, "unknown_avatar", f"no avatar {shown(request.match_info['avatar_id'])}")
 
 
 async def delete_avatar(request: web.Request) -> web.Response:
@@ -78,7 +84,7 @@ async def delete_avatar(request: web.Request) -> web.Response:
     try:
         state(request).avatars.remove(avatar_id, caller(request))
     except UnknownAvatar:
-        fail(404, "unknown_avatar", f"no avatar {avatar_id!r}")
+        fail(404, "unknown_avatar", f"no avatar {shown(avatar_id)}")
     except PermissionError:
         fail(403, "shipped_avatar", f"{avatar_id} ships with the server and stays")
     except AvatarInUse:
@@ -93,7 +99,7 @@ async def avatar_image(request: web.Request) -> web.Response:
         avatar = s.avatars.get(request.match_info["avatar_id"],
                              request.app[access_key].viewer(request))
     except UnknownAvatar:
-        fail(404, "unknown_avatar", f"no avatar {request.match_info['avatar_id']!r}")
+        fail(404, "unknown_avatar", f"no avatar {shown(request.match_info['avatar_id'])}")
     portrait = next(iter(avatar.prepared.values()))
     ok, png = cv2.imencode(".png", cv2.cvtColor(portrait.image, cv2.COLOR_RGB2BGR))
     return web.Response(body=png.tobytes(), content_type="image/png")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from server.http.app_keys import access_key
-from server.http.errors import fail
+from server.http.errors import fail, shown
 from server.media.session import Session
 from server.media.speech import Utterances
 from server.worker.state import ServerState, state_key
@@ -26,7 +26,7 @@ def held_session(request: web.Request) -> Session:
     session_id = request.match_info["session_id"]
     session = state(request).sessions.get(session_id)
     if session is None or not request.app[access_key].sees(session.owner, caller(request)):
-        fail(404, "unknown_session", f"no live session {session_id!r}")
+        fail(404, "unknown_session", f"no live session {shown(session_id)}")
     return session
 
 
@@ -36,7 +36,7 @@ def live_session(request: web.Request, session_id: object) -> Session:
     session = state(request).sessions.get(session_id) if isinstance(session_id, str) \
         else None
     if session is None:
-        fail(404, "unknown_session", f"no live session {session_id!r}")
+        fail(404, "unknown_session", f"no live session {shown(session_id)}")
     return session
 
 

@@ -9,6 +9,7 @@ WHIP publisher, a viewer): ``connect_peer``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -17,12 +18,12 @@ from aiortc import RTCPeerConnection
 
 from server.http.bodies import json_body
 from server.http.common import SDP
-from server.http.errors import at_capacity, fail
+from server.http.errors import at_capacity, fail, shown, too_many
 from server.integrations.janus import JanusError, RoomPresence
 from server.media.avatars import UnknownAvatar
 from server.media.peer import OfferError, PeerRole, answer_offer, check_offer
 from server.media.session import Session
-from server.media.sessions import AtCapacity, NameTaken
+from server.media.sessions import AtCapacity, NameTaken, TooManyViewers
 from server.session_spec import NewSession, SessionKind
 from server.worker.api.context import caller, state
 from server.worker.state import ServerState
@@ -88,7 +89,7 @@ async def _created(s: ServerState, spec: NewSession, owner: str | None,
     try:
         return await s.sessions.create(spec, owner, calibration=calibration)
     except UnknownAvatar:
-        fail(404, "unknown_avatar", f"no avatar {spec.avatar!r}; GET /avatars lists them")
+        fail(404, "unknown_avatar", f"no avatar {shown(spec.avatar)}; GET /avatars lists them")
     except AtCapacity as exc:
         at_capacity(str(exc))
     except NameTaken as exc:
@@ -140,16 +141,22 @@ async def connect_peer(s: ServerState, session: Session, sdp: str, role: PeerRol
         if pc is not None:
             asyncio.get_running_loop().create_task(pc.close())
 
-    try:
-        pc, answer = await answer_offer(
-            session, sdp, ice=s.settings.ice, codec=s.settings.video.codec, on_gone=gone,
-            role=role, audio_packet_ms=s.settings.session.audio_packet_ms)
-    except Exception as exc:
-        if not viewer:
-            await session.close("offer rejected")
-        log.info("%s offer rejected: %s", role.value, exc)
-        fail(400, "bad_offer", f"the offer could not be answered: {exc}")
-    peer_id = s.sessions.add_peer(session, pc)
+    with contextlib.ExitStack() as place:
+        if viewer:
+            try:
+                place.enter_context(s.sessions.viewer_place(session.id, s.settings.viewer_cap))
+            except TooManyViewers as exc:
+                raise too_many("too_many_viewers", str(exc)) from None
+        try:
+            pc, answer = await answer_offer(
+                session, sdp, ice=s.settings.ice, codec=s.settings.video.codec, on_gone=gone,
+                role=role, audio_packet_ms=s.settings.session.audio_packet_ms)
+        except Exception as exc:
+            if not viewer:
+                await session.close("offer rejected")
+            log.info("%s offer rejected: %s", role.value, exc)
+            fail(400, "bad_offer", f"the offer could not be answered: {exc}")
+        peer_id = s.sessions.add_peer(session, pc, viewer=viewer)
     return answer, peer_id
 
 

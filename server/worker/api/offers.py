@@ -3,11 +3,11 @@ microphone, or, with ``session_id`` and ``token``, one more viewer of a session.
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from aiohttp import web
 
+from server.http.access import same_secret
 from server.http.bodies import json_body
 from server.http.errors import fail
 from server.http.new_session import parse_new_session
@@ -36,8 +36,7 @@ async def answer_viewer(s: ServerState, session: Session, token: object, sdp: ob
     """A viewer's receive-only offer answered, if ``token`` is the session's (a session an
     application drives, or a WHIP publisher's): the answer and the viewer's connection id.
     A viewer leaving ends nothing but its own connection."""
-    if not isinstance(token, str) or session.token is None or \
-            not hmac.compare_digest(token, session.token):
+    if session.token is None or not same_secret(token, session.token):
         fail(403, "bad_token", "a viewer needs the token POST /sessions (or POST /whip) gave "
              "for this session")
     try:

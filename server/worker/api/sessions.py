@@ -3,14 +3,14 @@ Janus room), listed, looked at, changed live, ended; and found by name (kiosks).
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from aiohttp import web
 
+from server.http.access import same_secret
 from server.http.app_keys import access_key
 from server.http.bodies import json_body
-from server.http.errors import fail
+from server.http.errors import fail, shown
 from server.http.new_session import new_session_kind, parse_new_session
 from server.session_spec import OptionsError
 from server.worker.api.context import caller, held_session, state
@@ -56,8 +56,8 @@ async def find_name(request: web.Request) -> web.Response:
     how a kiosk finds its session again after it was made anew."""
     session = state(request).sessions.named(request.match_info["name"])
     if session is None or session.token is None:
-        fail(404, "unknown_name", f"no live session is called {request.match_info['name']!r}")
-    if not hmac.compare_digest(request.rel_url.query.get("token", ""), session.token):
+        fail(404, "unknown_name", f"no live session is called {shown(request.match_info['name'])}")
+    if not same_secret(request.rel_url.query.get("token", ""), session.token):
         fail(403, "bad_token", "the session's viewer token is needed (?token=)")
     return web.json_response({"session_id": session.id, "name": session.name})
 
