@@ -406,6 +406,16 @@ def test_the_candidate_policy_keeps_the_server_from_sending_where_an_offer_point
     kept, _ = allowed_candidates(sdp, IceSettings(mdns=True, blocked_ranges=[]))
     assert "3c8f1b2e-0d4a.local" in kept and "169.254.169.254" in kept
     assert "internal.corp.example" not in kept  # names other than .local: never
+    # An IPv4 address written as IPv6 is judged as the IPv4 it is; private ranges are
+    # refused where ice.private_candidates says so (loopback never).
+    mapped = "\r\n".join(["v=0", "a=candidate:1 1 udp 1 ::ffff:169.254.169.254 80 typ host",
+                           "a=candidate:2 1 udp 1 ::ffff:192.168.1.7 5000 typ host",
+                           "a=candidate:3 1 udp 1 10.1.2.3 5000 typ host",
+                           "a=candidate:4 1 udp 1 127.0.0.1 5000 typ host", ""])
+    kept, dropped = allowed_candidates(mapped, IceSettings())
+    assert "169.254.169.254" not in kept and dropped == 1
+    kept, dropped = allowed_candidates(mapped, IceSettings(private_candidates=False))
+    assert dropped == 3 and kept.count("a=candidate:") == 1 and "127.0.0.1" in kept
 
 
 @pytest.mark.unit

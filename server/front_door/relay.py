@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 from aiohttp import web
 
-from server.http.bodies import read_body
+from server.http.bodies import body_bytes
 from server.http.errors import ApiError, fail
 
 #: An upstream's answer headers that the front door passes on.
@@ -55,7 +55,7 @@ def credentials(request: web.Request) -> dict[str, str]:
 
 async def outgoing(request: web.Request) -> dict[str, Any]:
     """The request's body, query and content type, to send on."""
-    return {"data": await read_body(request, request.read()),
+    return {"data": await body_bytes(request),
             "params": dict(request.rel_url.query),
             "headers": {"Content-Type": request.headers.get("Content-Type",
                                                             "application/octet-stream"),

@@ -30,7 +30,7 @@ from server.front_door.relay import (
 from server.http import common
 from server.http.api import ROUTES, Body, Owner, Route
 from server.http.app_keys import access_key
-from server.http.bodies import json_body, read_body
+from server.http.bodies import body_text, json_body
 from server.http.common import SDP
 from server.http.errors import at_capacity, fail, shown
 from server.http.new_session import new_session_kind, parse_new_session, parse_whip_query
@@ -120,7 +120,7 @@ async def whip_publish(request: web.Request) -> web.StreamResponse:
              f"{media_type or 'untyped'}")
     request.app[access_key].caller(request)
     spec = parse_whip_query(request.rel_url.query, _door(request).settings)
-    text = await read_body(request, request.text())
+    text = await body_text(request)
     return await place(request, spec, {"sdp": text, "type": "offer"})
 
 

@@ -20,6 +20,18 @@ class ApiError(web.HTTPException):
         super().__init__(text=json.dumps({"error": code, "message": message}),
                          content_type="application/json", headers=headers)
         self.code = code
+        self.message = message
+
+    def answer(self) -> web.Response:
+        """The same answer as a plain response, holding nothing the exception held."""
+        response = web.json_response({"error": self.code, "message": self.message},
+                                     status=self.status_code,
+                                     headers={k: v for k, v in self.headers.items()
+                                              if k.lower() not in ("content-type",
+                                                                   "content-length")})
+        if self.keep_alive is False:
+            response.force_close()
+        return response
 
 
 def shown(value: object, most: int = 64) -> str:

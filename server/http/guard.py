@@ -27,6 +27,7 @@ from aiohttp import web
 from server.config import HttpSettings
 from server.http.api import ROUTES, Body, Caller, Route
 from server.http.app_keys import access_key
+from server.http.bodies import BODY_LIMIT
 from server.http.errors import ApiError, at_capacity, fail, shown, too_many
 
 ROUTES_BY_KEY = {route.key: route for route in ROUTES}
@@ -175,6 +176,10 @@ def guard(settings: HttpSettings, *, entry: bool) -> Any:
 
 
 def _limited(request: web.Request, most: int | None) -> web.Request:
-    """``request``, reading its body up to ``most`` bytes (413 past it), with buffers
-    sized for that, not for the largest body any route takes."""
-    return request if most is None else request.clone(client_max_size=most)
+    """``request``, its body to be read up to ``most`` bytes (``bodies.read_at_most``; 413
+    past it), with buffers sized for that, not for the largest body any route takes."""
+    if most is None:
+        return request
+    limited = request.clone(client_max_size=most)
+    limited[BODY_LIMIT] = most
+    return limited

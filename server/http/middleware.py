@@ -76,24 +76,26 @@ def cors(origins: list[str]) -> Any:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Turn aiohttp's own errors (404, 405, 413) into the JSON error shape too."""
+    """Every error answered in the JSON shape, aiohttp's own (404, 405, 413) too, as a plain
+    response: the exception, its traceback, and the request and buffers its frames hold go
+    as soon as it is answered (a raised one lived on in a reference cycle until the
+    collector came, holding each refused body's buffers)."""
     metrics = request.app[metrics_key]
     try:
         return await handler(request)
     except ApiError as exc:
-        metrics.http_errors.labels(status=str(exc.status_code), code=exc.code).inc()
-        raise
-    except web.HTTPRequestEntityTooLarge as exc:
-        metrics.http_errors.labels(status="413", code="body_too_large").inc()
-        raise ApiError(413, "body_too_large", f"request body exceeds the limit of "
-                       f"{request.app[settings_key].http.max_body_bytes} bytes") from exc
+        error = exc
+    except web.HTTPRequestEntityTooLarge:
+        error = ApiError(413, "body_too_large", f"request body exceeds the limit of "
+                         f"{request.app[settings_key].http.max_body_bytes} bytes")
     except web.HTTPException as exc:
         if exc.status_code < 400:
             raise
-        code = exc.reason.lower().replace(" ", "_")
-        metrics.http_errors.labels(status=str(exc.status_code), code=code).inc()
-        raise ApiError(exc.status_code, code, f"{request.method} {request.path}: "
-                       f"{exc.reason}") from exc
+        error = ApiError(exc.status_code, exc.reason.lower().replace(" ", "_"),
+                         f"{request.method} {request.path}: {exc.reason}")
+        error.headers.update({k: v for k, v in exc.headers.items() if k == "Allow"})
+    metrics.http_errors.labels(status=str(error.status_code), code=error.code).inc()
+    return error.answer()
 
 
 def middlewares(settings: HttpSettings, *, entry: bool = True) -> list[Any]:

@@ -11,7 +11,7 @@ from aiohttp import BodyPartReader, web
 
 from inference.images import PortraitError
 from server.http.app_keys import access_key
-from server.http.bodies import read_body
+from server.http.bodies import read_at_most, read_body
 from server.http.errors import fail, shown
 from server.media.avatars import DEFAULT_AVATAR, AvatarInUse, UnknownAvatar
 from server.worker.api.context import caller, state
@@ -49,7 +49,7 @@ async def _upload_bytes(request: web.Request) -> tuple[bytes, str | None]:
                  f"{shown(str(exc), 200)} (a boundary is needed: "
                  "Content-Type: multipart/form-data; boundary=...)")
         fail(400, "missing_image", 'multipart upload needs a file part named "image"')
-    data = await request.read()
+    data = await read_at_most(request, limit)
     if not data:
         fail(400, "missing_image", "request body is empty: send a JPEG or PNG")
     return data, request.query.get("name")

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from server.http.bodies import read_body
+from server.http.bodies import body_text
 from server.http.common import SDP
 from server.http.errors import fail
 from server.http.new_session import parse_whip_query
@@ -34,7 +34,7 @@ async def whip_publish(request: web.Request) -> web.Response:
     _require_sdp(request)
     owner = caller(request)
     spec = parse_whip_query(request.rel_url.query, s.settings)
-    text = await read_body(request, request.text())
+    text = await body_text(request)
     return await make(s, spec, owner, {"sdp": text, "type": "offer"})
 
 
@@ -60,7 +60,7 @@ async def whep_view(request: web.Request) -> web.Response:
     _require_sdp(request)
     scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
     token = bearer.strip() if scheme.lower() == "bearer" else request.rel_url.query.get("token")
-    text = await read_body(request, request.text())
+    text = await body_text(request)
     answer, peer_id = await answer_viewer(state(request), session, token, text, "offer")
     return web.Response(status=201, text=answer, content_type=SDP,
                         headers={"Location": f"/sessions/{session.id}/whep/{peer_id}"})
