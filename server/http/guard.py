@@ -156,8 +156,9 @@ def guard(settings: HttpSettings, *, entry: bool) -> Any:
                 refusal.force_close()
             raise
         length = request.content_length
-        body = (length or most) if most is not None and request.body_exists else 0
-        with budget.reserve(body or 0):
+        reading = 0 if most is None or not request.body_exists else \
+            most if length is None else length  # what its body may take while it is read
+        with budget.reserve(reading):
             address = request.remote or "?"
             if entry and route is not None and route.body.long_lived:
                 tenant = owner or address  # a key, or where keys are off an address
