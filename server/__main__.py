@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
+import sys
 
 from inference.child_process import LOG_FORMAT
+from server.cluster.member import can_join
 from server.config import parse_args
 from server.front_door.app import create_front_door
 from server.http.serving import serve
@@ -32,6 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     if not settings.http.api_keys and not _loopback(settings.http.host):
         log.warning("listening on %s with no http.api_keys: anyone who can reach it may "
                     "create, drive and end sessions; set SONIC_API_KEYS", settings.http.host)
+    if settings.cluster.redis_url:
+        problem = asyncio.run(can_join(settings))
+        if problem:
+            log.error("%s", problem)
+            sys.exit(1)
     app = create_app(settings) if settings.workers.embedded else create_front_door(settings)
     serve(app, settings.http, lambda: log.info("serving on http://%s:%d", settings.http.host,
                                                settings.http.port))

@@ -12,6 +12,8 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
+import socket
 import textwrap
 import tomllib
 import typing
@@ -301,6 +303,39 @@ class SessionSettings:
         return {knob.name: getattr(self, knob.name) for knob in KNOBS}
 
 
+def _host_label() -> str:
+    """This host's name as a node id: its first label, lowercased, in [a-z0-9-]."""
+    label = re.sub(r"[^a-z0-9-]", "-", socket.gethostname().split(".")[0].lower())
+    return label.strip("-")[:NODE_ID_MAX] or "node"
+
+
+NODE_ID_MAX = 40
+NODE_ID = re.compile(rf"[a-z0-9][a-z0-9-]{{0,{NODE_ID_MAX - 1}}}")
+
+
+@dataclass
+class ClusterSettings:
+    redis_url: str = setting("", "Redis that the cluster's hosts meet at "
+                             "(redis://HOST:PORT/DB; --cluster); empty: this host alone",
+                             secret=True)
+    node_id: str = setting("", "this host's name in the cluster, [a-z0-9-] (--node-id); "
+                           "empty: the host name's first label")
+    advertise_url: str = setting("", "the URL other hosts reach this one's HTTP port at "
+                                 "(--advertise-url); empty: http://HOST:PORT from http.host "
+                                 "and http.port")
+    lease_s: float = setting(5.0, "a host that has not renewed its place in Redis for this "
+                             "long is gone: its sessions answer 410 and its names are free",
+                             low=1.0, high=60.0)
+    drain_timeout_s: float = setting(300.0, "on SIGTERM or POST /cluster/drain, how long "
+                                     "the host's sessions may run on, none placed there, "
+                                     "before it leaves", low=0.0)
+    forward_timeout_s: float = setting(10.0, "how long a host waits for another to answer "
+                                       "a request it forwards (504 past it)", low=0.5)
+
+    def node(self) -> str:
+        return self.node_id or _host_label()
+
+
 @dataclass
 class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
@@ -312,6 +347,7 @@ class Settings:
     workers: WorkerSettings = field(default_factory=WorkerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     session: SessionSettings = field(default_factory=SessionSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
     def validate(self) -> Settings:
         for section, group, f in _fields(self):
@@ -359,6 +395,16 @@ class Settings:
             return self.session.max_viewers
         low, high = self.ice.udp_ports
         return max(1, min(self.session.max_viewers, (high - low + 1) // 4))
+
+    @property
+    def advertise_url(self) -> str:
+        """Where other hosts reach this one: ``cluster.advertise_url``, or this host's own
+        address and port."""
+        if self.cluster.advertise_url:
+            return self.cluster.advertise_url.rstrip("/")
+        host = self.http.host if self.http.host not in ("", "0.0.0.0", "::") else \
+            socket.gethostname()
+        return f"http://{host}:{self.http.port}"
 
     @property
     def manifest_path(self) -> Path:
@@ -491,6 +537,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--runtime", help="override engine.runtime")
     parser.add_argument("--ice-host", action="append", dest="ice_hosts", metavar="ADDR",
                         help="pin ICE host candidates to ADDR (repeatable)")
+    parser.add_argument("--cluster", metavar="REDIS_URL",
+                        help="join the cluster meeting at this Redis (cluster.redis_url)")
+    parser.add_argument("--node-id", help="this host's name in the cluster (cluster.node_id)")
+    parser.add_argument("--advertise-url", metavar="URL",
+                        help="where other hosts reach this one (cluster.advertise_url)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any setting, e.g. --set scheduler.max_batch=4")
     args = parser.parse_args(argv)
@@ -506,6 +557,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         overrides["http.port"] = args.port
     if args.runtime is not None:
         overrides["engine.runtime"] = args.runtime
+    for option, key in ((args.cluster, "redis_url"), (args.node_id, "node_id"),
+                        (args.advertise_url, "advertise_url")):
+        if option is not None:
+            overrides[f"cluster.{key}"] = option
     if args.ice_hosts:
         overrides["ice.host_addresses"] = args.ice_hosts
     try:

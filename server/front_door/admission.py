@@ -12,7 +12,15 @@ import math
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from server.config import Settings
-from server.front_door.placement import HostLoad, Limits, WorkerLoad, gpu_capacity_fps, place
+from server.front_door.placement import (
+    HostLoad,
+    Limits,
+    Refused,
+    WorkerLoad,
+    gpu_capacity_fps,
+    one_more,
+    place,
+)
 from server.load import CoresBusy, CostModel
 from server.worker.handle import WorkerProcess
 from server.worker.report import WorkerReport
@@ -52,6 +60,7 @@ class Admission:
         #: The loads as last read (each second at least): what health answers with, so it
         #: answers at once whatever the workers are doing.
         self.recent: list[WorkerLoad] = []
+        self.names: dict[str, str] = {}  # the named sessions, as last read
 
     async def reports(self) -> list[tuple[WorkerProcess, WorkerReport]]:
         """Each live worker's load as it reports it; one that does not answer is left out."""
@@ -66,8 +75,9 @@ class Admission:
     async def loads(self) -> list[WorkerLoad]:
         """Each live worker's load, counting the offers placed on it and not yet answered
         as its sessions (less those it already counts: none is counted twice)."""
-        out = []
+        out, names = [], {}
         for worker, report in await self.reports():
+            names.update(report.names)
             counts = {}
             for motion, sessions, answering in ((False, report.sessions, report.answering),
                                                 (True, report.motion,
@@ -83,8 +93,22 @@ class Admission:
                                   loop_load=report.loop_load,
                                   settled_cost=report.settled_cost,
                                   loop_idle=report.loop_idle, loop_unit=report.loop_unit))
-        self.recent = out
+        self.recent, self.names = out, names
         return out
+
+    def room(self, loads: Sequence[WorkerLoad], size: int, motion_only: bool = False,
+             most: int = 4096) -> int:
+        """How many more sessions of this kind ``place`` would take now, one after
+        another: what a cluster compares hosts by."""
+        loads, host = list(loads), self.host()
+        for count in range(most):
+            try:
+                index = place(loads, size, self.limits, motion_only=motion_only, host=host)
+            except Refused:
+                return count
+            loads = [one_more(load, size, motion_only) if load.index == index else load
+                     for load in loads]
+        return most
 
     def session_capacity(self, loads: Sequence[WorkerLoad]) -> int:
         """Sessions at the default frame side that the engines' measured capacity admits

@@ -14,6 +14,7 @@ from server.http.access import Access
 from server.http.app_keys import access_key, metrics_key, settings_key
 from server.http.common import STATIC_DIR
 from server.http.middleware import middlewares
+from server.http.serving import on_sigterm_key, stop_key
 
 
 def create_front_door(settings: Settings) -> web.Application:
@@ -26,6 +27,9 @@ def create_front_door(settings: Settings) -> web.Application:
     app[settings_key] = settings
     app[metrics_key] = door.metrics
     app[access_key] = Access(settings.http)
+    if door.member is not None:  # in a cluster, SIGTERM drains first; so does the route
+        app[on_sigterm_key] = door.drain
+        app[stop_key] = door.member.left
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         try:

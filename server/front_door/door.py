@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 from collections.abc import Coroutine
 from typing import Any
 
@@ -19,6 +18,9 @@ from aiohttp import web
 
 from inference.engine import Manifest
 from inference.runtimes import GPU_RUNTIMES, cuda_device_count, resolve_runtime
+from server.cluster import ids
+from server.cluster.member import ClusterMember, Standing
+from server.cluster.records import DRAINING, kind_of
 from server.config import Settings
 from server.engine_settings import check_model
 from server.front_door.admission import Admission, limits
@@ -29,8 +31,6 @@ from server.metrics import FrontDoorMetrics
 from server.worker.handle import WorkerProcess, worker_prefix
 
 log = logging.getLogger(__name__)
-#: A session id as a worker makes it (``worker_prefix`` and a UUID's hex).
-SESSION_ID = re.compile(r"w\d+-[0-9a-f]{32}")
 
 
 def default_workers(runtime: str) -> int:
@@ -57,10 +57,15 @@ class FrontDoor:
         self.manifest = Manifest.load(settings.manifest_path)
         check_model(settings, self.manifest)
         self.uploads = UploadReplay(settings.avatar.max_avatars)
+        #: This host's place in a cluster (``cluster.redis_url``); None: a host alone.
+        self.member = ClusterMember(settings, self.standing) \
+            if settings.cluster.redis_url else None
         per_worker = limits(settings, workers)
         self.processes = Supervisor(
             settings, Layout(self.runtime, gpus or 1, workers, per_worker.worker_sessions,
-                             per_worker.worker_motion_sessions), self.metrics, self.uploads)
+                             per_worker.worker_motion_sessions,
+                             self.member.prefix if self.member else ""),
+            self.metrics, self.uploads)
         self.cores = len(os.sched_getaffinity(0))
         self.cores_busy = CoresBusy(self.processes.pids)
         self.admission = Admission(settings, per_worker, self.cores, self.cores_busy,
@@ -76,6 +81,9 @@ class FrontDoor:
         await self.admission.loads()  # health answers from the last reading: one is there
         self._later(self.cores_busy.run())
         self._later(self.admission.learn_host_cost())
+        if self.member is not None:
+            await self.member.join()
+            self._later(self.member.run())
         self._later(self._ready())
 
     async def _ready(self) -> None:
@@ -91,7 +99,18 @@ class FrontDoor:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.member is not None:
+            await self.member.leave()
         await self.processes.stop()
+
+    def start_draining(self) -> None:
+        """In a cluster, what SIGTERM does: no new session here, the running ones go on
+        (``cluster.drain_timeout_s``), then this host leaves and the server stops."""
+        self._later(self.drain())
+
+    async def drain(self) -> None:
+        if self.member is not None:
+            await self.member.drain(self.sessions)
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -99,12 +118,33 @@ class FrontDoor:
         task.add_done_callback(self._tasks.discard)
 
     def holder(self, session_id: object) -> WorkerProcess | None:
-        """The live worker whose session ids begin as ``session_id`` does, if it is a
-        session id at all (``w<index>-`` and 32 hex digits: nothing else is sent on)."""
-        if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
+        """The live worker of this host whose session ids begin as ``session_id`` does, if
+        it is a session id of this host at all (``cluster.ids``: nothing else is sent on)."""
+        session = ids.parse(session_id)
+        if session is None or session.node != (self.member.node if self.member else None) \
+                or session.boot != (self.member.boot if self.member else None):
             return None
         return next((w for w in self.processes.live_workers()
-                     if session_id.startswith(worker_prefix(w.index))), None)
+                     if session.local.startswith(worker_prefix(w.index))), None)
+
+    def sessions(self) -> int:
+        """Video and motion-only sessions running here, as last read."""
+        return sum(load.count + load.motion_count for load in self.admission.recent)
+
+    async def standing(self) -> Standing:
+        """What this host publishes of itself in a cluster, read now: its sessions, load,
+        and the room its own admission has for each kind of session (none while it
+        calibrates or drains)."""
+        loads = await self.admission.loads()
+        open_ = not self.calibration.running and \
+            (self.member is None or self.member.state != DRAINING)
+        sizes = self.settings.video.allowed_sizes
+        room = {kind_of(size, motion): self.admission.room(loads, size, motion) if open_ else 0
+                for size, motion in [*((s, False) for s in sizes), (min(sizes), True)]}
+        return Standing(sum(load.count for load in loads),
+                        sum(load.motion_count for load in loads),
+                        round(self.cores_busy.value / self.cores, 3),
+                        self.admission.session_capacity(loads), room, dict(self.admission.names))
 
 
 front_door_key: web.AppKey[FrontDoor] = web.AppKey("front_door", FrontDoor)

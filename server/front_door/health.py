@@ -26,8 +26,13 @@ async def healthz(request: web.Request) -> web.Response:
     gpu_loads = engine_loads(loads, settings.video.fps)
     calibrating = door.calibration.running
     status = "calibrating" if calibrating else "ok" if loads else "starting"
+    member = door.member
     return web.json_response({
         "status": status,
+        # In a cluster: this host's id and state, and whether Redis answers ("degraded":
+        # no, so new sessions are placed on this host alone).
+        **({"node": member.node, "state": member.state,
+            "cluster": "degraded" if member.degraded else "ok"} if member else {}),
         "sessions": sum(load.count for load in loads),
         "motion_sessions": sum(load.motion_count for load in loads),
         "model": door.manifest.name,

@@ -7,6 +7,7 @@ where the loads come from, not this.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,13 @@ class Limits:
     worker_motion_sessions: int = 0  # ... and one worker
     max_worker_load: float = 1.0  # one worker's event loop, as a share of its thread's time
     max_host_load: float = 1.0  # the server's processes, as a share of its cores
+
+
+def one_more(load: WorkerLoad, size: int, motion_only: bool) -> WorkerLoad:
+    """``load`` with one more session of this kind placed on it."""
+    counts = dict(load.motion if motion_only else load.sessions)
+    counts[size] = counts.get(size, 0) + 1
+    return dataclasses.replace(load, **{"motion" if motion_only else "sessions": counts})
 
 
 def engine_loads(loads: Sequence[WorkerLoad], fps: int) -> dict[int, float]:

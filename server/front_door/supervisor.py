@@ -92,6 +92,7 @@ class Layout:
     workers: int
     worker_sessions: int
     worker_motion_sessions: int
+    host_prefix: str = ""  # in a cluster, how this host's session ids begin (cluster.ids)
 
 
 class Supervisor:
@@ -172,7 +173,8 @@ class Supervisor:
             inference_address=self._address(gpu), authkey=self._authkey,
             ring_name=f"sonic-{os.getpid()}-w{index}-{self._generation[index]}",
             ring_pending=4 * self.layout.worker_sessions,
-            ring_motion_pending=4 * self.layout.worker_motion_sessions)
+            ring_motion_pending=4 * self.layout.worker_motion_sessions,
+            host_prefix=self.layout.host_prefix)
         return self._make_worker(spec, self._worker_died)
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:

@@ -92,6 +92,10 @@ ROUTES: tuple[Route, ...] = (
           ANYONE),
     Route("GET", "/metrics", D, "metrics", "Prometheus metrics of every process", KEY),
     Route("GET", "/openapi.json", D, "openapi", "this API as an OpenAPI document", ANYONE),
+    Route("GET", "/cluster", D, "cluster",
+          "the cluster's live hosts with their load and room, and which one answered", KEY),
+    Route("POST", "/cluster/drain", D, "drain",
+          "this host takes no new sessions, lets its own end, then leaves the cluster", KEY),
     Route("POST", "/offer", P, "offer",
           "a WebRTC offer: a new session driven by the peer's audio, or (with session_id "
           "and token) one more viewer of a session", Caller.KEY_OR_VIEWER, offer=True,

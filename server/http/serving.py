@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from aiohttp import web
@@ -107,15 +108,43 @@ def listening_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+#: Where an application keeps what SIGTERM does instead of stopping at once: a coroutine
+#: that returns once the server may stop (a cluster's host drains first).
+on_sigterm_key: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("on_sigterm")
+#: Where an application keeps an event it sets to stop the server by itself.
+stop_key: web.AppKey[asyncio.Event] = web.AppKey("stop")
+
+
 async def _serve(app: web.Application, settings: HttpSettings, sockets: list[socket.socket],
                  on_serving: Callable[[], None]) -> None:
-    runner = runner_for(app, settings, handle_signals=True)
+    runner = runner_for(app, settings, handle_signals=False)
     await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    ending: set[asyncio.Task[None]] = set()
+
+    def terminate() -> None:
+        on_sigterm = app.get(on_sigterm_key)
+        if on_sigterm is None or ending:
+            stop.set()
+            return
+        task = loop.create_task(on_sigterm())
+        ending.add(task)
+        task.add_done_callback(lambda _: stop.set())
+
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, terminate)
     try:
         for sock in sockets:
             await web.SockSite(runner, sock).start()
         on_serving()
-        await asyncio.Event().wait()  # until SIGINT or SIGTERM
+        stopping = [loop.create_task(stop.wait())]
+        if stop_key in app:
+            stopping.append(loop.create_task(app[stop_key].wait()))
+        # until SIGINT, SIGTERM and what it does, or the application stops itself
+        await asyncio.wait(stopping, return_when=asyncio.FIRST_COMPLETED)
+        for task in stopping:
+            task.cancel()
     finally:
         await runner.cleanup()
 

@@ -129,6 +129,9 @@ class SessionManager:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
+    def names(self) -> dict[str, str]:
+        return {s.name: s.id for s in self._sessions.values() if s.name is not None}
+
     def named(self, name: str) -> Session | None:
         return next((s for s in self._sessions.values() if s.name == name), None)
 

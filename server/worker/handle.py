@@ -30,6 +30,7 @@ class WorkerSpec:
     ring_name: str
     ring_pending: int  # frames of its sessions that may wait or run at once
     ring_motion_pending: int = 0  # ... of its motion-only sessions (slots without a picture)
+    host_prefix: str = ""  # in a cluster, how this host's session ids begin (cluster.ids)
 
 
 def worker_prefix(index: int) -> str:

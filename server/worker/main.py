@@ -46,7 +46,7 @@ async def serve(control: Connection, spec: WorkerSpec) -> None:
         return inference
 
     app = create_app(spec.settings, connect=connect, runtime=spec.runtime,
-                     id_prefix=worker_prefix(spec.index), behind_door=True)
+                     id_prefix=spec.host_prefix + worker_prefix(spec.index), behind_door=True)
     runner = JsonErrorAppRunner(app, access_log=None)  # its own errors in JSON too
     await runner.setup()  # loads, warms up and prepares the default avatar
     if os.path.exists(spec.socket_path):

@@ -4,7 +4,7 @@ worker answers on its internal route (``GET /internal/load``), not its public he
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class WorkerReport:
     settled_cost: float
     loop_idle: float
     loop_unit: float
+    #: Its named sessions: name to session id (a cluster keeps their names taken).
+    names: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from inference.engine import NO_PICTURE
 from inference.runtimes import VERIFIED
+from server.http.errors import fail
 from server.metrics import CONTENT_TYPE
 from server.worker.api.context import caller, state
 from server.worker.report import WorkerReport
@@ -25,7 +26,8 @@ def report(s: ServerState) -> WorkerReport:
         motion_answering=sessions.count_by_size(answering=True, motion_only=True),
         capacity_fps={size: round(s.inference.capacity_fps(size), 1) for size in sizes},
         loop_load=round(s.loop_load.value, 3), settled_cost=round(sessions.settled_cost(), 3),
-        loop_idle=round(s.loop_load.model.idle, 4), loop_unit=round(s.loop_load.model.unit, 4))
+        loop_idle=round(s.loop_load.model.idle, 4), loop_unit=round(s.loop_load.model.unit, 4),
+        names=sessions.names())
 
 
 async def load(request: web.Request) -> web.Response:
@@ -73,5 +75,16 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=s.metrics.render(refresh), headers={"Content-Type": CONTENT_TYPE})
 
 
-HANDLERS = {"healthz": healthz, "metrics": metrics}
+async def cluster(request: web.Request) -> web.Response:
+    """A server that runs alone is no cluster (``cluster.redis_url`` needs the front door)."""
+    caller(request)
+    return web.json_response({"node": None, "cluster": False, "nodes": []})
+
+
+async def drain(request: web.Request) -> web.Response:
+    caller(request)
+    fail(409, "not_clustered", "this server is not in a cluster (cluster.redis_url)")
+
+
+HANDLERS = {"healthz": healthz, "metrics": metrics, "cluster": cluster, "drain": drain}
 INTERNAL = [("GET", "/internal/load", load)]

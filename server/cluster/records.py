@@ -1,0 +1,45 @@
+"""What a host publishes of itself in Redis each second, and what ``GET /cluster`` shows."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+SERVING, DRAINING = "serving", "draining"
+#: The room a host publishes is counted per kind of session: video by frame side
+#: (``"256"``), and motion-only sessions (``"motion"``).
+MOTION = "motion"
+
+
+def kind_of(size: int, motion_only: bool) -> str:
+    return MOTION if motion_only else str(size)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: str
+    url: str  # its advertised URL: the only address any host ever forwards to
+    boot: str  # this run of it (``ids``)
+    state: str  # SERVING or DRAINING
+    sessions: int
+    motion_sessions: int
+    load: float  # its processes' busy cores as a share of its cores
+    session_capacity: int  # sessions of the default size its engines hold
+    started: float  # Unix time it joined
+    #: Sessions of each kind its own admission would take now, one kind at a time.
+    room: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> NodeRecord:
+        return cls(**json.loads(text))
+
+    def shown(self) -> dict[str, object]:
+        """As ``GET /cluster`` lists it."""
+        return {"id": self.id, "url": self.url, "state": self.state,
+                "sessions": self.sessions, "motion_sessions": self.motion_sessions,
+                "load": round(self.load, 3), "session_capacity": self.session_capacity,
+                "room": self.room, "age_s": round(max(0.0, time.time() - self.started), 1)}
