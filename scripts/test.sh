@@ -15,6 +15,7 @@ command -v flite >/dev/null || need+=(flite)
 command -v festival >/dev/null || need+=(festival)
 command -v turnserver >/dev/null || need+=(coturn)  # the TURN test's relay
 command -v janus >/dev/null || need+=(janus)  # the meeting-room test's SFU
+command -v redis-server >/dev/null || need+=(redis-server redis-tools)  # the cluster tests' meeting place
 [ -d /usr/share/festival/voices/english/kal_diphone ] || need+=(festvox-kallpc16k)
 # The container test builds the CPU image on a debootstrapped base and runs it (podman).
 command -v podman >/dev/null || need+=(podman)

@@ -27,6 +27,8 @@ from server.config import Settings
 log = logging.getLogger(__name__)
 #: How often a host renews its lease and reads the others'.
 RENEW_S = 1.0
+#: ... and how soon after a change here, at the soonest.
+RENEW_SOONEST_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class ClusterMember:
         self._fulfilled: list[str] = []
         self._measure = measure
         self.left = asyncio.Event()
+        self._changed = asyncio.Event()
 
     # ---- joining and renewing ----------------------------------------------------------
     async def join(self) -> None:
@@ -123,9 +126,13 @@ class ClusterMember:
             await self._hosts.pop(node).close()
 
     async def run(self) -> None:
-        """Renews each second; Redis lost or found is said once, not at every renewal."""
+        """Renews each second, and soon after a session here is made or ended; Redis lost
+        or found is said once, not at every renewal."""
         while True:
-            await asyncio.sleep(RENEW_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), RENEW_S)
+            await asyncio.sleep(RENEW_SOONEST_S)  # changes close together: one renewal
+            self._changed.clear()
             try:
                 await self.renew()
             except (RedisError, OSError) as exc:
@@ -195,6 +202,11 @@ class ClusterMember:
         """A reservation on this host that one of its sessions now fills: dropped at the
         next renewal, in the same step that counts the session."""
         self._fulfilled.append(member)
+        self.changed()
+
+    def changed(self) -> None:
+        """Sessions here were made or ended: the others should know soon."""
+        self._changed.set()
 
     # ---- draining ----------------------------------------------------------------------
     async def drain(self, sessions: Callable[[], int]) -> None:

@@ -59,6 +59,12 @@ async def place(request: web.Request, spec: NewSession,
                                                    uuid.uuid4().hex)
         except (RedisError, OSError):
             return await here(None)
+        if chosen is None and member.node not in tried and member.state != DRAINING:
+            tried.add(member.node)  # what this host has, as it knows it now, not as
+            response = await _answer(here(None))  # published up to a second ago
+            if response.status not in NEXT_HOST:
+                return response
+            continue
         if chosen is None:
             refused = f" ({len(tried)} refused it)" if tried else ""
             at_capacity(f"no host in the cluster has room for another "
@@ -66,18 +72,10 @@ async def place(request: web.Request, spec: NewSession,
                         f"session{refused}")
         node, reservation = chosen
         tried.add(node)
-        try:
-            if node == member.node:
-                response = await here(reservation)
-            else:
-                upload = await outgoing(request)
-                upload["headers"][RESERVATION] = reservation
-                response = relayed(*await member.host(node).request(
-                    request.method, request.rel_url.raw_path, **upload))
-        except ApiError as exc:
-            response = exc.answer()
-        except (OSError, aiohttp.ClientError):
-            response = web.Response(status=502)
+        if node == member.node:
+            response = await _answer(here(reservation))
+        else:
+            response = await _answer(_send(request, member, node, reservation))
         if 200 <= response.status < 300:
             return response  # the host that made it drops the reservation
         try:
@@ -86,6 +84,25 @@ async def place(request: web.Request, spec: NewSession,
             pass  # it lapses by itself
         if response.status not in NEXT_HOST:
             return response
+
+
+async def _answer(making: Awaitable[web.Response]) -> web.Response:
+    """A host's answer to a placement, its refusals included, as a response."""
+    try:
+        return await making
+    except ApiError as exc:
+        return exc.answer()
+    except (OSError, aiohttp.ClientError):
+        return web.Response(status=502)
+
+
+async def _send(request: web.Request, member: ClusterMember, node: str, reservation: str
+                ) -> web.Response:
+    """The new session's request, as it came, to the host chosen for it."""
+    upload = await outgoing(request)
+    upload["headers"][RESERVATION] = reservation
+    return relayed(*await member.host(node).request(request.method, request.rel_url.raw_path,
+                                                    **upload))
 
 
 async def claim_name(door: FrontDoor, member: ClusterMember, name: str) -> str | None:

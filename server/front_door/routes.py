@@ -240,7 +240,12 @@ def _to_holder(route: Route) -> Handler:
     send = _FORWARD[route.body]
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await send(await _holder(request, request.match_info["session_id"]), request)
+        response = await send(await _holder(request, request.match_info["session_id"]),
+                              request)
+        member = _door(request).member
+        if member is not None and request.method == "DELETE" and response.status < 300:
+            member.changed()  # a session (or a viewer) ended: its room, published soon
+        return response
 
     return handler
 
