@@ -41,7 +41,8 @@ if REDIS is None:  # the test command installs it (scripts/test.sh)
 #: count, not their measured load, is what fills a host here.
 HOST = ("--set", "workers.count=1", "--set", "session.max_sessions=2",
         "--set", "session.max_host_load=1.0", "--set", "session.max_worker_load=1.0",
-        "--set", "cluster.lease_s=3", "--set", "session.peer_timeout_s=3")
+        "--set", "cluster.lease_s=3", "--set", "cluster.forward_timeout_s=1.5",
+        "--set", "session.peer_timeout_s=3")
 
 
 class Redis:
@@ -370,12 +371,26 @@ async def test_a_host_killed_is_gone_within_10_s_and_placement_goes_on(cluster):
             made = await _create(http, victim.url, name=f"kiosk-{i}")
         assert _node(made["session_id"]) == "h2"
         name = made["name"]
+        session = f"{survivors[0].url}/sessions/{made['session_id']}"
+
+        # A frozen holder: its requests time out (504), the forwarding host's others do not.
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            slow = asyncio.create_task(http.get(session))
+            async with http.get(f"{survivors[0].url}/healthz") as response:
+                assert response.status == 200 and time.monotonic() - started < 1.0
+            async with await slow as response:
+                assert (response.status, (await _json(response))["error"]) == \
+                    (504, "upstream_timeout")
+            assert time.monotonic() - started < 2.5
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
         os.kill(victim.proc.pid, signal.SIGKILL)
         killed = time.monotonic()
 
         async def lost() -> bool:
-            async with http.get(f"{survivors[0].url}/sessions/{made['session_id']}"
-                                ) as response:
+            async with http.get(session) as response:
                 return response.status == 410 and \
                     (await _json(response))["error"] == "host_lost"
 

@@ -624,3 +624,22 @@ def test_the_kustomization_names_every_manifest_and_the_image() -> None:
     (env,) = kustom["secretGenerator"][0]["envs"]
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert f"/deploy/kubernetes/{env}" in ignored
+
+
+def test_every_host_command_is_one_the_server_takes() -> None:
+    """Each host's arguments (compose's command, the StatefulSet's args with their
+    variables as Kubernetes fills them), after the image's entrypoint, are settings the
+    server's own parser accepts, naming a cluster."""
+    from server.config import parse_args
+
+    argvs = [entrypoint()[3:] + [str(a) for a in service["command"]]
+             for service in compose_hosts(load(ROOT / "compose.cluster.yaml")).values()]
+    host = _host(kubernetes_docs())
+    filled = {"POD_NAME": "sonic-avatar-0", "POD_NAMESPACE": "default",
+              "HOST_IP": "10.0.0.5", "NODE_IP": "10.0.0.5"}
+    argvs.append([re.sub(r"\$\((\w+)\)", lambda m: filled.get(m[1], "x"), str(a))
+                  for a in [*host.get("command", [])[3:], *host.get("args", [])]])
+    for argv in argvs:
+        settings = parse_args(argv)
+        assert settings.cluster.redis_url.startswith("redis://"), argv
+        assert settings.cluster.node_id and settings.cluster.advertise_url, argv

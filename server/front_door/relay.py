@@ -63,6 +63,9 @@ async def outgoing(request: web.Request) -> dict[str, Any]:
 
 
 def unavailable(upstream: Upstream, exc: BaseException) -> ApiError:
+    """502 where the upstream could not be reached or hung up, 504 where it was too slow."""
+    if isinstance(exc, TimeoutError):
+        return ApiError(504, "upstream_timeout", f"{upstream.name} did not answer in time")
     return ApiError(502, "worker_unavailable", f"{upstream.name} did not answer: {exc}")
 
 
@@ -71,7 +74,7 @@ async def forward(upstream: Upstream, request: web.Request) -> web.Response:
     try:
         return relayed(*await upstream.request(request.method, request.rel_url.raw_path,
                                                **await outgoing(request)))
-    except OSError as exc:
+    except (OSError, aiohttp.ClientError) as exc:
         raise unavailable(upstream, exc) from exc
 
 
@@ -82,7 +85,7 @@ async def forward_streamed(upstream: Upstream, request: web.Request) -> web.Resp
             request.method, request.rel_url.raw_path, lasting=True, data=request.content,
             headers={"Content-Type": request.headers.get("Content-Type", ""),
                      **credentials(request)}))
-    except OSError as exc:
+    except (OSError, aiohttp.ClientError) as exc:
         raise unavailable(upstream, exc) from exc
 
 
