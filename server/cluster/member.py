@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from server.cluster.host import Host
@@ -176,7 +176,7 @@ class ClusterMember:
         if session.node is None or (session.node, session.boot) == (self.node, self.boot):
             return Where.HERE
         live = self.table.get(session.node)
-        if live is not None and live.boot == session.boot and session.node != self.node:
+        if live is not None and live.boot == session.boot:
             return Where.NOWHERE if hop else Where.THERE
         if (session.node, session.boot) in self._seen:
             return Where.LOST
@@ -231,7 +231,3 @@ class ClusterMember:
 
     def as_table(self) -> list[NodeRecord]:
         return sorted(self.table.values(), key=lambda n: n.id)
-
-    def draining_record(self) -> NodeRecord | None:
-        mine = self.table.get(self.node)
-        return replace(mine, state=self.state) if mine else None
