@@ -28,6 +28,8 @@ PREFIX = "sonic:"
 #: How long a reservation holds a place if its placing door never says how it went.
 RESERVATION_S = 15.0
 BOOT_KEPT_S = 7 * 24 * 3600
+#: Connections one host holds to Redis at most.
+CONNECTIONS = 32
 
 #: The placement itself, atomic: of the candidate hosts, the serving one with the most room
 #: for a session of this kind, less the places already reserved there, gets the place.
@@ -87,8 +89,11 @@ def _name(name: str) -> str:
 
 class Registry:
     def __init__(self, url: str, lease_s: float) -> None:
-        self.redis = aioredis.from_url(url, decode_responses=True, socket_timeout=2.0,
-                                       socket_connect_timeout=2.0)
+        # A burst of placements waits its turn for a connection (2 s at most) rather than
+        # failing past a pool's limit.
+        self.redis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=CONNECTIONS, timeout=2.0, decode_responses=True,
+            socket_timeout=2.0, socket_connect_timeout=2.0))
         self.lease_ms = int(lease_s * 1000)
         self._reserve = self.redis.register_script(_RESERVE)
         self._swap = self.redis.register_script(_SWAP)
