@@ -405,19 +405,38 @@ async def test_a_host_killed_is_gone_within_10_s_and_placement_goes_on(cluster):
         await _end_all(http, survivors[0].url)
 
 
-def test_a_drained_host_takes_no_new_session_and_leaves_when_its_own_end():
+def test_keys_hold_on_every_host_and_a_drained_host_leaves_when_its_own_end():
+    """Two hosts with API keys: a key's session is its own whichever host is asked. Then
+    one host drains: no new session goes to it, its own runs on, it leaves and stops."""
     redis = Redis()
-    hosts = [host(redis, "d0", "--set", "cluster.drain_timeout_s=20"), host(redis, "d1")]
+    keys = ("--set", "http.api_keys=alpha,beta")
+    hosts = [host(redis, "d0", *keys, "--set", "cluster.drain_timeout_s=20"),
+             host(redis, "d1", *keys)]
+    alpha, beta = ({"Authorization": f"Bearer {k}"} for k in ("alpha", "beta"))
     try:
         start(*hosts)
 
         async def scenario() -> None:
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=alpha) as http, \
+                    aiohttp.ClientSession() as other:
                 for h in hosts:
                     await _until(lambda h=h: _count(http, h.url, 2), 10, "two hosts")
                 made = await _create(http, hosts[0].url)
                 while _node(made["session_id"]) != "d0":
                     made = await _create(http, hosts[0].url)
+                elsewhere = f"{hosts[1].url}/sessions/{made['session_id']}"
+                async with other.get(elsewhere) as response:
+                    assert response.status == 401  # refused at the first host
+                async with other.get(elsewhere, headers=beta) as response:
+                    assert response.status == 404  # another key's: not there for it
+                async with other.get(f"{hosts[1].url}/sessions", headers=beta) as response:
+                    assert (await _json(response))["sessions"] == []
+                async with http.get(f"{hosts[1].url}/sessions") as response:
+                    listed = (await _json(response))["sessions"]
+                assert [(s["session_id"], s["node"]) for s in listed] == \
+                    [(made["session_id"], "d0")]
+                async with other.post(f"{hosts[0].url}/cluster/drain") as response:
+                    assert response.status == 401
                 async with http.post(f"{hosts[0].url}/cluster/drain") as response:
                     assert response.status == 202
                     assert (await _json(response))["state"] == "draining"
@@ -430,10 +449,9 @@ def test_a_drained_host_takes_no_new_session_and_leaves_when_its_own_end():
                 await _until(draining, 3, "the others seeing it draining")
                 for _ in range(2):  # only the other host takes them now
                     assert _node((await _create(http, hosts[0].url))["session_id"]) == "d1"
-                async with http.get(f"{hosts[1].url}/sessions/{made['session_id']}"
-                                    ) as response:
+                async with http.get(elsewhere) as response:
                     assert response.status == 200  # its session runs on
-                async with http.delete(f"{hosts[1].url}/sessions/{made['session_id']}"):
+                async with http.delete(elsewhere):
                     pass
                 await _until(lambda: _count(http, hosts[1].url, 1), 10, "d0 gone")
 

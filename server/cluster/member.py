@@ -41,6 +41,8 @@ class Standing:
     session_capacity: int
     room: dict[str, int]
     names: dict[str, str]  # its named sessions: name to session id
+    engine_load: float
+    cores_per_session: float
 
 
 def redis_address(url: str) -> str:
@@ -107,7 +109,8 @@ class ClusterMember:
         standing = await self._measure()
         return NodeRecord(self.node, self.url, self.boot, self.state, standing.sessions,
                           standing.motion_sessions, standing.load, standing.session_capacity,
-                          self.started, standing.room), standing.names
+                          self.started, standing.room, standing.engine_load,
+                          standing.cores_per_session), standing.names
 
     async def renew(self) -> None:
         fulfilled, self._fulfilled = self._fulfilled, []

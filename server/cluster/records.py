@@ -29,6 +29,8 @@ class NodeRecord:
     started: float  # Unix time it joined
     #: Sessions of each kind its own admission would take now, one kind at a time.
     room: dict[str, int] = field(default_factory=dict)
+    engine_load: float = 0.0  # its busiest GPU's share of its measured capacity
+    cores_per_session: float = 0.0  # a 256x256 session's cost in cores, as it has learnt
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -41,5 +43,7 @@ class NodeRecord:
         """As ``GET /cluster`` lists it."""
         return {"id": self.id, "url": self.url, "state": self.state,
                 "sessions": self.sessions, "motion_sessions": self.motion_sessions,
-                "load": round(self.load, 3), "session_capacity": self.session_capacity,
+                "load": round(self.load, 3), "engine_load": round(self.engine_load, 3),
+                "cores_per_session": self.cores_per_session,
+                "session_capacity": self.session_capacity,
                 "room": self.room, "age_s": round(max(0.0, time.time() - self.started), 1)}

@@ -25,6 +25,7 @@ from server.config import Settings
 from server.engine_settings import check_model
 from server.front_door.admission import Admission, limits
 from server.front_door.calibration import Calibration
+from server.front_door.placement import engine_loads
 from server.front_door.supervisor import Layout, Supervisor, UploadReplay
 from server.load import CoresBusy
 from server.metrics import FrontDoorMetrics
@@ -144,7 +145,9 @@ class FrontDoor:
         return Standing(sum(load.count for load in loads),
                         sum(load.motion_count for load in loads),
                         round(self.cores_busy.value / self.cores, 3),
-                        self.admission.session_capacity(loads), room, dict(self.admission.names))
+                        self.admission.session_capacity(loads), room, dict(self.admission.names),
+                        max(engine_loads(loads, self.settings.video.fps).values(), default=0.0),
+                        round(self.admission.host_model.unit, 4))
 
 
 front_door_key: web.AppKey[FrontDoor] = web.AppKey("front_door", FrontDoor)
