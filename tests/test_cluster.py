@@ -310,6 +310,31 @@ async def test_names_are_unique_across_hosts_and_found_from_any(cluster):
             pass
 
 
+async def test_a_portrait_uploaded_to_one_host_serves_sessions_on_every_host(cluster):
+    from test_front_door import _portrait_png
+
+    _, hosts = cluster
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{hosts[1].url}/avatars", data=_portrait_png(),
+                             headers={"Content-Type": "image/png"}) as response:
+            uploaded = await _json(response)
+            assert response.status == 201, uploaded
+        avatar = uploaded["avatar_id"]
+        for h in hosts:
+            async with http.get(f"{h.url}/avatars/{avatar}") as response:
+                assert response.status == 200, (h.url, await response.text())
+        made = [await _create(http, hosts[2].url, avatar=avatar) for _ in range(3)]
+        assert sorted(_node(m["session_id"]) for m in made) == ["h0", "h1", "h2"]
+        for m in made:
+            async with http.delete(f"{hosts[0].url}/sessions/{m['session_id']}"):
+                pass
+        async with http.delete(f"{hosts[0].url}/avatars/{avatar}") as response:
+            assert response.status == 204
+        for h in hosts:
+            async with http.get(f"{h.url}/avatars/{avatar}") as response:
+                assert response.status == 404, h.url
+
+
 async def test_forged_ids_and_hops_route_nowhere(cluster):
     _, hosts = cluster
     async with aiohttp.ClientSession() as http:
@@ -342,6 +367,12 @@ async def test_redis_restarted_mid_run_loses_no_running_session(cluster):
         alone = await _create(http, hosts[1].url)  # placed on the host asked
         assert _node(alone["session_id"]) == "h1"
         redis.start()
+        until = time.monotonic() + 3
+        while time.monotonic() < until:  # as the hosts find one another again in an empty
+            for m in made:  # Redis, none takes another for lost
+                async with http.get(f"{hosts[1].url}/sessions/{m['session_id']}") as response:
+                    assert response.status == 200, await response.text()
+            await asyncio.sleep(0.1)
         for h in hosts:
             await _until(lambda h=h: _healthy(http, h.url), 10, "Redis found again")
         await _until(lambda: _count(http, hosts[0].url, 3), 5, "the hosts back in Redis")

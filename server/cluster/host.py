@@ -18,6 +18,8 @@ HOP = "X-Sonic-Hop"
 RESERVATION = "X-Sonic-Reservation"
 #: Short requests to one other host at once; streams have connections of their own.
 CONTROL_CONNECTIONS = 64
+#: How long a host that is missing from Redis is given to show it is alive.
+PROBE_S = 1.0
 
 
 class Host:
@@ -36,6 +38,15 @@ class Host:
     async def close(self) -> None:
         await self.http.close()
         await self.streams.close()
+
+    async def answers(self) -> bool:
+        """Whether its front door answers at all, within a second."""
+        try:
+            async with self.http.get(self.url + "/healthz", headers=self._headers(None),
+                                     timeout=aiohttp.ClientTimeout(total=PROBE_S)):
+                return True
+        except (OSError, aiohttp.ClientError):
+            return False
 
     def _headers(self, headers: dict[str, str] | None) -> dict[str, str]:
         return {**(headers or {}), HOP: self.me}

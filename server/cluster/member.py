@@ -90,7 +90,8 @@ class ClusterMember:
         self.started = time.time()
         #: The live hosts as last read (this one included), and every run of a host seen.
         self.table: dict[str, NodeRecord] = {}
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: dict[tuple[str, str], str] = {}  # each run of a host seen: its URL
+        self._lost: dict[tuple[str, str], float] = {}  # ... found gone, and when
         self._hosts: dict[str, Host] = {}
         self._fulfilled: list[str] = []
         self._measure = measure
@@ -124,9 +125,7 @@ class ClusterMember:
             raise
         self.table = {n.id: n for n in nodes}
         self.table[self.node] = record
-        self._seen.update((n.id, n.boot) for n in nodes)
-        for node in set(self._hosts) - set(self.table):
-            await self._hosts.pop(node).close()
+        self._seen.update(((n.id, n.boot), n.url) for n in nodes)
 
     async def run(self) -> None:
         """Renews each second, and soon after a session here is made or ended; Redis lost
@@ -166,28 +165,44 @@ class ClusterMember:
             await self.registry.close()
 
     # ---- routing -----------------------------------------------------------------------
-    def host(self, node: str) -> Host:
-        """The upstream for live host ``node`` (made once, kept while it lives)."""
-        if node not in self._hosts:
-            self._hosts[node] = Host(node, self.table[node].url, self.node,
+    def host(self, node: str, url: str | None = None) -> Host:
+        """The upstream for host ``node`` at its advertised URL (made once; a connection in
+        use, a relayed event stream say, is never closed under it while the host lives)."""
+        url = url or self.table[node].url
+        if node not in self._hosts or self._hosts[node].url != url:
+            self._hosts[node] = Host(node, url, self.node,
                                      self.settings.cluster.forward_timeout_s)
         return self._hosts[node]
 
-    async def where(self, session: SessionId, *, hop: bool) -> Where:
-        """Which host holds the session: a request that came from another host (``hop``)
-        is answered from this one's own sessions, never sent on."""
-        if session.node is None or (session.node, session.boot) == (self.node, self.boot):
-            return Where.HERE
+    async def where(self, session: SessionId, *, hop: bool) -> tuple[Where, Host | None]:
+        """Which host holds the session, and the upstream to reach it there. A request that
+        came from another host (``hop``) is answered from this one's own sessions, never
+        sent on. A host missing from the table is gone only if it does not answer either:
+        a Redis that restarted has forgotten every host for a second, not lost them."""
+        key = (session.node or "", session.boot or "")
+        if session.node is None or key == (self.node, self.boot):
+            return Where.HERE, None
         live = self.table.get(session.node)
+        if hop:
+            return Where.NOWHERE, None
         if live is not None and live.boot == session.boot:
-            return Where.NOWHERE if hop else Where.THERE
-        if (session.node, session.boot) in self._seen:
-            return Where.LOST
-        try:
-            existed = await self.registry.existed(session.node, session.boot or "")
-        except (RedisError, OSError):
-            existed = False
-        return Where.LOST if existed else Where.NOWHERE
+            return Where.THERE, self.host(session.node)
+        url = self._seen.get(key)
+        if url is None:
+            try:
+                url = await self.registry.existed(*key)
+            except (RedisError, OSError):
+                url = None
+        if url is None:
+            return Where.NOWHERE, None
+        if live is not None or key in self._lost and \
+                time.monotonic() - self._lost[key] < self.settings.cluster.lease_s:
+            return Where.LOST, None  # restarted as another run, or just found gone
+        host = self.host(session.node, url)
+        if await host.answers():
+            return Where.THERE, host
+        self._lost[key] = time.monotonic()
+        return Where.LOST, None
 
     def others(self) -> list[NodeRecord]:
         return [n for n in self.table.values() if n.id != self.node]

@@ -7,7 +7,7 @@ Keys (all under ``sonic:``):
   expiring ``cluster.lease_s`` after its last renewal: a host whose lease lapses is gone;
 - ``resv:{id}``: places reserved on a host by placing front doors and not yet seen in its
   record, scored by when they lapse; each member is ``{token}:{cost}``;
-- ``boot:{id}:{boot}``: that a run of a host existed (a week), so its sessions are 410
+- ``boot:{id}:{boot}``: the URL of a run of a host that joined (kept a week), so its sessions are 410
   once it is gone rather than 404;
 - ``name:{name}``: the session id called ``name`` (or ``pending:{token}`` while one is
   being made), kept alive by its host's renewals.
@@ -145,9 +145,9 @@ class Registry:
         await self.redis.delete(_node(node), _reservations(node))
         await self.redis.srem(f"{PREFIX}nodes", node)
 
-    async def existed(self, node: str, boot: str) -> bool:
-        """Whether this run of host ``node`` ever joined (within a week)."""
-        return bool(await self.redis.exists(f"{PREFIX}boot:{node}:{boot}"))
+    async def existed(self, node: str, boot: str) -> str | None:
+        """The URL of this run of host ``node``, if it ever joined (within a week)."""
+        return await self.redis.get(f"{PREFIX}boot:{node}:{boot}")
 
     # ---- placing -----------------------------------------------------------------------
     async def reserve(self, candidates: Sequence[str], kind: str, cost: float, token: str

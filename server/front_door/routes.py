@@ -58,9 +58,9 @@ async def _holder(request: web.Request, session_id: object) -> Upstream:
         return worker
     session = ids.parse(session_id)
     if door.member is not None and session is not None:
-        where = await door.member.where(session, hop=HOP in request.headers)
-        if where is Where.THERE and session.node is not None:
-            return door.member.host(session.node)
+        where, host = await door.member.where(session, hop=HOP in request.headers)
+        if host is not None:
+            return host
         if where is Where.LOST:
             fail(410, "host_lost", f"the host that held session {shown(session_id)} is gone, "
                  "and its sessions with it")
