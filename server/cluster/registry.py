@@ -7,8 +7,8 @@ Keys (all under ``sonic:``):
   expiring ``cluster.lease_s`` after its last renewal: a host whose lease lapses is gone;
 - ``resv:{id}``: places reserved on a host by placing front doors and not yet seen in its
   record, scored by when they lapse; each member is ``{token}:{cost}``;
-- ``boot:{id}:{boot}``: the URL of a run of a host that joined (kept a week), so its sessions are 410
-  once it is gone rather than 404;
+- ``boot:{id}:{boot}``: the URL of a run of a host that joined (kept a week), so its
+  sessions are 410 once it is gone rather than 404;
 - ``name:{name}``: the session id called ``name`` (or ``pending:{token}`` while one is
   being made), kept alive by its host's renewals.
 """
